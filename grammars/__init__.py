@@ -1,0 +1,1 @@
+"""Data shipped with hermes-vllm: dialect definitions and the ChatML chat template."""

@@ -1,0 +1,1 @@
+"""Hermes ChatML formats: prompt rendering, chat templates, tool-call formatting, conversions."""

@@ -1,0 +1,59 @@
+"""Limits that keep a request's tools from taking a server down, in one place.
+
+Every field can be overridden by an environment variable ``HERMES_VLLM_<FIELD>`` (upper case),
+read once per process; see the README's "Limits" table.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from functools import cache
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on what one request may ask the grammar compiler to do."""
+
+    max_tools: int = 512
+    """Tools in one request."""
+    max_schema_bytes: int = 512 * 1024
+    """Compact JSON size of one request's tool list."""
+    max_schema_depth: int = 32
+    """Nesting depth of a tool's parameter schema (objects/arrays/combinators)."""
+    max_enum_values: int = 4096
+    """Values in one ``enum``."""
+    max_string_length_bound: int = 100_000
+    """Largest ``minLength``/``maxLength`` compiled as a bound; larger bounds are refused."""
+    max_name_length: int = 256
+    """Characters in a tool name."""
+    compile_timeout_s: float = 20.0
+    """Wall time one grammar compile may take before the request fails."""
+    compile_threads: int = 2
+    """Background compile threads per engine process."""
+    cache_bytes: int = 256 * 1024 * 1024
+    """Memory the compiled-grammar cache may hold."""
+    max_call_whitespace: int = 4
+    """Whitespace characters allowed between two JSON tokens inside a call."""
+
+
+def _coerce(raw: str, kind: type) -> object:
+    try:
+        return kind(raw)
+    except ValueError as err:
+        raise ValueError(f"cannot read {raw!r} as {kind.__name__}") from err
+
+
+@cache
+def get_limits() -> Limits:
+    """The process-wide limits: defaults overridden by ``HERMES_VLLM_*`` environment variables."""
+    overrides: dict[str, object] = {}
+    for f in fields(Limits):
+        env = f"HERMES_VLLM_{f.name.upper()}"
+        if env in os.environ:
+            kind = int if f.type in (int, "int") else float
+            try:
+                overrides[f.name] = _coerce(os.environ[env], kind)
+            except ValueError as err:
+                raise ValueError(f"{env}: {err}") from err
+    return Limits(**overrides)  # type: ignore[arg-type]

@@ -1,0 +1,125 @@
+"""Split a model turn into the dialect's spans: free text, reasoning, hidden spans and tool calls.
+
+The same reading the grammar enforces: a reasoning or hidden span is opaque (a call tag inside it
+is just text), and a tool call ends at the closing tag that follows its complete JSON payload, so
+a closing tag inside a JSON string does not end the call. Used by the formatter and the parsers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from hermes_vllm.dialect import Dialect, TagPair, get_dialect
+
+SpanKind = Literal["text", "reasoning", "hidden", "call"]
+
+
+@dataclass(frozen=True)
+class Span:
+    """A piece of the text: ``text[start:end]``; ``body`` excludes the tags."""
+
+    kind: SpanKind
+    start: int
+    end: int
+    body: str
+    closed: bool = True
+    """False for a span whose closing tag has not appeared (the text ended inside it)."""
+    tags: TagPair | None = None
+
+
+def payload_end(text: str, pos: int) -> int | None:
+    """Index just past the balanced JSON (or Python-literal) object starting at ``text[pos]``.
+
+    Brackets inside strings do not count; both quote styles are understood so that legacy
+    Python-repr payloads scan too. ``None`` when the object is not closed.
+    """
+    depth = 0
+    quote = ""
+    i = pos
+    n = len(text)
+    while i < n:
+        ch = text[i]
+        if quote:
+            if ch == "\\":
+                i += 1
+            elif ch == quote:
+                quote = ""
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    return None
+
+
+def _call_end(text: str, body_start: int, end_tag: str) -> tuple[int, int] | None:
+    """(body end, span end) of a call whose body starts at ``body_start``, or None if unclosed.
+
+    The closing tag must follow the balanced payload; when the payload is not balanced
+    (a broken call) the first closing tag after the opening ends it.
+    """
+    j = body_start
+    while j < len(text) and text[j].isspace():
+        j += 1
+    if j < len(text) and text[j] == "{":
+        close = payload_end(text, j)
+        if close is not None:
+            tag_at = text.find(end_tag, close)
+            if tag_at != -1 and not text[close:tag_at].strip():
+                return tag_at, tag_at + len(end_tag)
+            if tag_at == -1:
+                return None
+    tag_at = text.find(end_tag, body_start)
+    return None if tag_at == -1 else (tag_at, tag_at + len(end_tag))
+
+
+def split_spans(text: str, dialect: str | Dialect = "hermes") -> list[Span]:
+    """Split ``text`` into consecutive spans covering it entirely, in order."""
+    d = get_dialect(dialect)
+    openers: list[tuple[str, SpanKind, TagPair]] = [(d.tool_call.begin, "call", d.tool_call)]
+    openers += [(p.begin, "reasoning", p) for p in d.reasoning]
+    openers += [(p.begin, "hidden", p) for p in d.hidden]
+    spans: list[Span] = []
+    pos = 0
+    text_start = 0
+    n = len(text)
+    while pos < n:
+        found = [(at, kind, pair) for begin, kind, pair in openers if (at := text.find(begin, pos)) != -1]
+        if not found:
+            break
+        at, kind, pair = min(found, key=lambda f: (f[0], -len(f[2].begin)))
+        if at > text_start:
+            spans.append(Span("text", text_start, at, text[text_start:at]))
+        body_start = at + len(pair.begin)
+        if kind == "call":
+            bounds = _call_end(text, body_start, pair.end)
+        else:
+            tag_at = text.find(pair.end, body_start)
+            bounds = None if tag_at == -1 else (tag_at, tag_at + len(pair.end))
+        if bounds is None:
+            spans.append(Span(kind, at, n, text[body_start:], closed=False, tags=pair))
+            return spans
+        spans.append(Span(kind, at, bounds[1], text[body_start : bounds[0]], tags=pair))
+        pos = text_start = bounds[1]
+    if text_start < n:
+        spans.append(Span("text", text_start, n, text[text_start:]))
+    return spans
+
+
+def partial_tag_suffix(text: str, tags: tuple[str, ...]) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of one of ``tags``.
+
+    Streaming parsers hold back that many characters: they may yet become a tag.
+    """
+    best = 0
+    for tag in tags:
+        for k in range(min(len(tag) - 1, len(text)), best, -1):
+            if text.endswith(tag[:k]):
+                best = k
+                break
+    return best

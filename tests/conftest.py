@@ -1,0 +1,52 @@
+"""Shared fixtures: one tiny-model build per tokenizer, cached across sessions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hermes_vllm.testing import tiny_model_path
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    """Tiny random Llama with the 32k Mistral v1 (Hermes 2 Pro base) tokenizer + ChatML tokens."""
+    return tiny_model_path("mistral-v1")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_131k() -> Path:
+    """Tiny random Llama with the 131k tekken tokenizer + ChatML tokens."""
+    return tiny_model_path("tekken")
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_model: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_model))
+
+
+@pytest.fixture(scope="session")
+def tokenizer_131k(tiny_model_131k: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_model_131k))
+
+
+@pytest.fixture(scope="session", params=["mistral-v1", "tekken"])
+def any_tokenizer(request: pytest.FixtureRequest) -> Any:
+    """Both shipped tokenizers, for tests that must hold on each."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_model_path(request.param)))
+
+
+@pytest.fixture(scope="session", params=["mistral-v1", "tekken"])
+def vllm_tokenizer(request: pytest.FixtureRequest) -> Any:
+    """Both shipped tokenizers as vLLM's server loads them (vocab and special tokens cached)."""
+    from vllm.tokenizers import get_tokenizer
+
+    return get_tokenizer(str(tiny_model_path(request.param)))
