@@ -1,0 +1,368 @@
+"""Compile and mask-fill cost of each grammar engine over the BFCL tool sets, on the 32k and 131k tokenizers.
+
+    python benchmarks/compile.py [--engines xgrammar,llguidance,outlines] [--tokenizers mistral-v1,tekken]
+        [--limit N] [--engine-limit outlines=20] [--out benchmarks/results/compile.json]
+
+Per engine and tokenizer, over the distinct tool sets of every ``BFCL_v4_*.json`` file (or an evenly
+spread ``--limit`` of them), in lenient coverage so that every engine compiles what it can:
+
+- cold compile: a cache miss through ``ToolGrammarCompiler`` (submit to the compile pool, wait);
+- cached: the cache-hit path of ``ToolGrammarCompiler`` (key, lookup, future) for a prepared request,
+  and, apart, ``prepare`` (normalise + coverage), which runs once per request at admission;
+- mask fill: one ``fill_bitmask`` before each token of ``text <tool_call>{ground truth}</tool_call> text``,
+  split into positions inside the call span and outside it (free text);
+- size: the compiled grammar's ``memory_bytes`` (llguidance: its grammar text, a lower bound;
+  outlines: its serialised index).
+
+The machine is shared and noisy, so each figure is also given as a ratio to the default engine
+measured in the same run over the same tool sets. Writes PATH.json, PATH.md and PATH.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hermes_vllm.grammar import GrammarCompileError, ToolGrammarCompiler, ToolSchemaError
+from hermes_vllm.grammar.cache import GrammarCache
+from hermes_vllm.grammar.engines.base import EngineGrammar, allocate_bitmask
+from hermes_vllm.schema import canonical_json
+from hermes_vllm.testing import tiny_model_path
+from hermes_vllm.testing.corpus import BfclCase, bfcl_files, load_bfcl
+from hermes_vllm.testing.soundness import call_text, ground_truth_arguments
+
+RESULTS = Path(__file__).parent / "results"
+DEFAULT_ENGINE = "xgrammar"
+TARGETS: dict[str, dict[str, float]] = {  # issue 3: 2 cores, 131k vocabulary, default engine
+    "cold_ms": {"p50": 15.0, "p99": 100.0},
+    "cached_us": {"p50": 100.0},
+    "mask_in_us": {"p50": 5.0},
+    "mask_out_us": {"p50": 2.0},
+    "size_bytes": {"max": 10 * 1024 * 1024},
+}
+METRICS = ("cold_ms", "cached_us", "prepare_ms", "mask_in_us", "mask_out_us", "size_bytes")
+PREFIX, SUFFIX = "Let me look that up for you. ", " Done, anything else?"
+CACHED_REPEATS = 20
+
+
+@dataclass
+class SetResult:
+    """One tool set under one engine and tokenizer."""
+
+    id: str
+    tools: int
+    status: str = "compiled"
+    message: str = ""
+    cold_ms: float = 0.0
+    prepare_ms: float = 0.0
+    size_bytes: int = 0
+    cached_us: list[float] = field(default_factory=list)
+    mask_in_us: list[float] = field(default_factory=list)
+    mask_out_us: list[float] = field(default_factory=list)
+    rejected_at: int | None = None
+    """Token index where the ground-truth walk was rejected (off-schema answers), if it was."""
+
+
+def tool_sets(limit: int | None) -> list[BfclCase]:
+    """The distinct BFCL tool sets (first question of each), or ``limit`` of them spread evenly."""
+    seen: dict[str, BfclCase] = {}
+    for path in bfcl_files():
+        for case in load_bfcl(path):
+            seen.setdefault(canonical_json(case.tools), case)
+    cases = list(seen.values())
+    if limit is not None and limit < len(cases):
+        step = len(cases) / limit
+        cases = [cases[int(i * step)] for i in range(limit)]
+    return cases
+
+
+def walk_text(case: BfclCase) -> str:
+    """Free text, one hermes call (the first ground-truth call, else the first tool with ``{}``), text."""
+    names = {t.get("name") for t in case.tools}
+    for answer in case.ground_truth or []:
+        for name, raw in answer.items():
+            if name in names:
+                return PREFIX + call_text(name, ground_truth_arguments(raw), compact=False) + SUFFIX
+    return PREFIX + call_text(str(case.tools[0].get("name")), {}, compact=False) + SUFFIX
+
+
+def measure_set(compiler: ToolGrammarCompiler, case: BfclCase, span: tuple[int, int]) -> SetResult:
+    result = SetResult(case.id, len(case.tools))
+    start = time.perf_counter()
+    try:
+        prepared = compiler.prepare(case.tools)
+    except ToolSchemaError as err:
+        return SetResult(case.id, len(case.tools), "refused", str(err)[:300])
+    result.prepare_ms = (time.perf_counter() - start) * 1e3
+    start = time.perf_counter()
+    try:
+        grammar = compiler.result(prepared, compiler.submit(prepared)).grammar
+    except GrammarCompileError as err:
+        return SetResult(case.id, len(case.tools), "refused", str(err)[:300])
+    result.cold_ms = (time.perf_counter() - start) * 1e3
+    result.size_bytes = grammar.memory_bytes
+    for _ in range(CACHED_REPEATS):
+        start = time.perf_counter()
+        compiler.result(prepared, compiler.submit(prepared))
+        result.cached_us.append((time.perf_counter() - start) * 1e6)
+    _walk(compiler, grammar, walk_text(case), span, result)
+    return result
+
+
+def _walk(
+    compiler: ToolGrammarCompiler, grammar: EngineGrammar, text: str, span: tuple[int, int], result: SetResult
+) -> None:
+    """Fill the mask before each token and accept it; inside = after the call tag, up to its end tag."""
+    tokenizer = compiler.vocab.tokenizer
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    matcher = grammar.matcher(compiler.vocab.stop_token_ids)
+    bitmask = allocate_bitmask(1, compiler.vocab.vocab_size)
+    inside = False
+    for index, token in enumerate(ids):
+        start = time.perf_counter_ns()
+        matcher.fill_bitmask(bitmask, 0)
+        elapsed = (time.perf_counter_ns() - start) / 1e3
+        (result.mask_in_us if inside else result.mask_out_us).append(elapsed)
+        if not matcher.accept_token(token):
+            result.rejected_at = index
+            return
+        inside = token == span[0] or (inside and token != span[1])
+
+
+def stats(values: Sequence[float]) -> dict[str, float]:
+    if not values:
+        return {"n": 0}
+    array = np.asarray(values, dtype=float)
+    return {
+        "n": len(array),
+        "p50": float(np.percentile(array, 50)),
+        "p99": float(np.percentile(array, 99)),
+        "max": float(array.max()),
+    }
+
+
+def summarise(results: Sequence[SetResult], ids: set[str] | None = None) -> dict[str, dict[str, float]]:
+    """Percentiles of every metric over the compiled sets (restricted to ``ids`` when given)."""
+    done = [r for r in results if r.status == "compiled" and (ids is None or r.id in ids)]
+    per_value: dict[str, list[float]] = {
+        "cold_ms": [r.cold_ms for r in done],
+        "prepare_ms": [r.prepare_ms for r in done],
+    }
+    per_value["size_bytes"] = [float(r.size_bytes) for r in done]
+    for name in ("cached_us", "mask_in_us", "mask_out_us"):
+        per_value[name] = [v for r in done for v in getattr(r, name)]
+    return {name: stats(per_value[name]) for name in METRICS}
+
+
+def run(engine: str, tokenizer_name: str, cases: Sequence[BfclCase]) -> list[SetResult]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_path(tokenizer_name)))  # type: ignore[arg-type]
+    cache: GrammarCache[EngineGrammar] = GrammarCache(2 << 30, 1, lambda g: g.memory_bytes)
+    compiler = ToolGrammarCompiler(tokenizer, engine=engine, coverage="lenient", cache=cache)
+    span = (
+        tokenizer.convert_tokens_to_ids(compiler.dialect.tool_call.begin),
+        tokenizer.convert_tokens_to_ids(compiler.dialect.tool_call.end),
+    )
+    start = time.perf_counter()
+    compiler.engine.compile(compiler.prepare([{"name": "warm_up"}]).spec)  # one-time vocabulary setup
+    setup_s = time.perf_counter() - start
+    results = []
+    for i, case in enumerate(cases):
+        results.append(measure_set(compiler, case, span))
+        if (i + 1) % 200 == 0:
+            print(f"  {engine}/{tokenizer_name}: {i + 1}/{len(cases)}", file=sys.stderr, flush=True)
+    print(
+        f"{engine}/{tokenizer_name}: {len(cases)} tool sets, setup {setup_s:.1f} s",
+        file=sys.stderr,
+        flush=True,
+    )
+    return results
+
+
+def report(all_results: dict[tuple[str, str], list[SetResult]]) -> list[dict[str, Any]]:
+    """Per engine and tokenizer: counts, percentiles, and ratios to the default engine on the same sets."""
+    rows = []
+    for (engine, tok), results in all_results.items():
+        compiled = {r.id for r in results if r.status == "compiled"}
+        row: dict[str, Any] = {
+            "engine": engine,
+            "tokenizer": tok,
+            "tool_sets": len(results),
+            "compiled": len(compiled),
+            "refused": [{"id": r.id, "message": r.message} for r in results if r.status != "compiled"][:20],
+            "walks_rejected": sum(r.rejected_at is not None for r in results if r.status == "compiled"),
+            **summarise(results),
+        }
+        baseline = all_results.get((DEFAULT_ENGINE, tok))
+        if baseline is not None:
+            common = compiled & {r.id for r in baseline if r.status == "compiled"}
+            mine, theirs = summarise(results, common), summarise(baseline, common)
+            row["ratio_to_default"] = {
+                m: {q: mine[m][q] / theirs[m][q] for q in ("p50", "p99") if theirs[m].get(q)}
+                for m in METRICS
+                if mine[m]["n"] and theirs[m]["n"]
+            }
+            row["ratio_sets"] = len(common)
+        rows.append(row)
+    return rows
+
+
+def _fmt(stat: dict[str, float], key: str, scale: float = 1.0) -> str:
+    return f"{stat[key] * scale:.3g}" if stat.get(key) is not None and stat["n"] else "-"
+
+
+def markdown(meta: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
+    head = (
+        "| engine | tokenizer | sets compiled | cold p50 / p99 (ms) | cached p50 / p99 (us) "
+        "| prepare p50 (ms) | mask in p50 / p99 (us) | mask out p50 / p99 (us) | size p50 / max (KiB) |"
+    )
+    lines = [
+        "# Grammar compile and mask-fill cost over BFCL tool sets",
+        "",
+        f"{meta['cpus']} CPUs ({meta['machine']}), shared; xgrammar {meta['versions']['xgrammar']}, "
+        f"llguidance {meta['versions']['llguidance']}, outlines-core {meta['versions']['outlines-core']}; "
+        f"lenient coverage; {meta['seconds']:.0f} s. Limits: {meta['limits'] or 'none'}.",
+        "",
+        head,
+        "|" + " --- |" * 9,
+    ]
+    for r in rows:
+        cells = [
+            r["engine"],
+            r["tokenizer"],
+            f"{r['compiled']}/{r['tool_sets']}",
+            f"{_fmt(r['cold_ms'], 'p50')} / {_fmt(r['cold_ms'], 'p99')}",
+            f"{_fmt(r['cached_us'], 'p50')} / {_fmt(r['cached_us'], 'p99')}",
+            _fmt(r["prepare_ms"], "p50"),
+            f"{_fmt(r['mask_in_us'], 'p50')} / {_fmt(r['mask_in_us'], 'p99')}",
+            f"{_fmt(r['mask_out_us'], 'p50')} / {_fmt(r['mask_out_us'], 'p99')}",
+            f"{_fmt(r['size_bytes'], 'p50', 1 / 1024)} / {_fmt(r['size_bytes'], 'max', 1 / 1024)}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "## Ratios to the default engine (same run, same tool sets; p50, p99 in brackets)", ""]
+    lines += [
+        "| engine | tokenizer | sets | " + " | ".join(METRICS) + " |",
+        "|" + " --- |" * (3 + len(METRICS)),
+    ]
+    for r in rows:
+        ratios = r.get("ratio_to_default", {})
+        cells = [
+            f"{ratios[m]['p50']:.2g} ({ratios[m].get('p99', float('nan')):.2g})" if m in ratios else "-"
+            for m in METRICS
+        ]
+        lines.append(
+            f"| {r['engine']} | {r['tokenizer']} | {r.get('ratio_sets', '-')} | " + " | ".join(cells) + " |"
+        )
+    lines += ["", "## Targets (issue 3: 2 cores, 131k vocabulary, default engine)", ""]
+    for r in rows:
+        if r["engine"] != DEFAULT_ENGINE:
+            continue
+        checks = [
+            f"{m} {q} {r[m][q]:.3g} <= {bound:g}: {'ok' if r[m][q] <= bound else 'MISSED'}"
+            for m, bounds in TARGETS.items()
+            for q, bound in bounds.items()
+            if r[m].get(q) is not None
+        ]
+        lines.append(f"- {r['tokenizer']}: " + "; ".join(checks))
+    return "\n".join(lines) + "\n"
+
+
+def chart(rows: Sequence[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [
+        ("cold_ms", "cold compile (ms)"),
+        ("cached_us", "cache hit (us)"),
+        ("mask_in_us", "mask fill in span (us)"),
+        ("mask_out_us", "mask fill outside (us)"),
+        ("size_bytes", "grammar size (bytes)"),
+        ("prepare_ms", "prepare (ms)"),
+    ]
+    labels = [f"{r['engine']}\n{r['tokenizer']}" for r in rows]
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    for ax, (metric, title) in zip(axes.flat, panels, strict=True):
+        x = np.arange(len(rows))
+        for offset, q in ((-0.2, "p50"), (0.2, "p99")):
+            ax.bar(x + offset, [r[metric].get(q, 0) for r in rows], 0.4, label=q)
+        for bound_q, bound in TARGETS.get(metric, {}).items():
+            ax.axhline(bound, color="red", linestyle="--", linewidth=0.8, label=f"target {bound_q}")
+        ax.set_yscale("log")
+        ax.set_xticks(x, labels, fontsize=7)
+        ax.set_title(title)
+        ax.legend(fontsize=7)
+    fig.suptitle("Grammar engines over BFCL tool sets (lower is better; log scale)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engines", default="xgrammar,llguidance,outlines")
+    parser.add_argument("--tokenizers", default="mistral-v1,tekken")
+    parser.add_argument("--limit", type=int, help="tool sets per engine (spread evenly); default: all")
+    parser.add_argument(
+        "--engine-limit", action="append", default=[], metavar="ENGINE=N", help="per-engine --limit"
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS / "compile.json")
+    args = parser.parse_args(argv)
+    logging.getLogger("hermes_vllm").setLevel(logging.ERROR)
+    limits = {e: int(n) for e, n in (item.split("=") for item in args.engine_limit)}
+    engines, tokenizers = args.engines.split(","), args.tokenizers.split(",")
+    all_cases = tool_sets(args.limit)
+    start = time.perf_counter()
+    results: dict[tuple[str, str], list[SetResult]] = {}
+    for tok in tokenizers:
+        for engine in engines:
+            limit = limits.get(engine)
+            cases = (
+                all_cases
+                if limit is None
+                else [all_cases[int(i * len(all_cases) / limit)] for i in range(limit)]
+            )
+            results[(engine, tok)] = run(engine, tok, cases)
+    rows = report(results)
+    meta = {
+        "cpus": os.cpu_count(),
+        "machine": platform.machine(),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "versions": {p: version(p) for p in ("xgrammar", "llguidance", "outlines-core", "transformers")},
+        "limits": {"all": args.limit, **limits} if args.limit or limits else None,
+        "seconds": time.perf_counter() - start,
+        "targets": TARGETS,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    per_set = {
+        f"{e}/{t}": [
+            {k: v for k, v in asdict(r).items() if k not in ("cached_us", "mask_in_us", "mask_out_us")}
+            for r in rs
+        ]
+        for (e, t), rs in results.items()
+    }
+    args.out.write_text(
+        json.dumps({"meta": meta, "runs": rows, "per_set": per_set}, indent=1) + "\n", encoding="utf-8"
+    )
+    args.out.with_suffix(".md").write_text(markdown(meta, rows), encoding="utf-8")
+    chart(rows, args.out.with_suffix(".png"))
+    print(markdown(meta, rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""Tools -> compiled turn grammar -> per-request matcher: the public face of the grammar package."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+import torch
+
+from hermes_vllm.dialect import Dialect, get_dialect
+from hermes_vllm.grammar.cache import GrammarCache
+from hermes_vllm.grammar.engines import get_engine_class
+from hermes_vllm.grammar.engines.base import EngineGrammar, EngineMatcher, GrammarEngine, Vocabulary
+from hermes_vllm.grammar.turn import TurnSpec, turn_spec
+from hermes_vllm.schema import Coverage, ToolSpec, check_coverage, normalize_tools
+from hermes_vllm.settings import Limits, get_limits
+
+logger = logging.getLogger(__name__)
+
+
+class GrammarCompileError(ValueError):
+    """The tools could not be compiled (engine error or timeout); the message says why."""
+
+
+@cache
+def shared_cache() -> GrammarCache[EngineGrammar]:
+    """The process-wide compiled-grammar cache (bounded by ``Limits.cache_bytes``)."""
+    limits = get_limits()
+    return GrammarCache(limits.cache_bytes, limits.compile_threads, lambda g: g.memory_bytes)
+
+
+@dataclass(frozen=True)
+class PreparedTurn:
+    """A validated request, ready to compile: the spec plus what the policy decided."""
+
+    spec: TurnSpec
+    needs_validation: bool
+    """Lenient coverage stripped keywords: finished calls must be checked with jsonschema."""
+    original: tuple[ToolSpec, ...] = field(compare=False)
+    """The tools before lenient stripping, for that post-hoc validation."""
+
+
+def prepare_turn(
+    tools: Sequence[Any] | None,
+    tool_choice: Any,
+    parallel_tool_calls: bool,
+    dialect: str | Dialect,
+    coverage: Coverage,
+    engine: type[GrammarEngine],
+    limits: Limits,
+) -> PreparedTurn:
+    """Validate a request against the schema rules, the limits and the engine's keyword coverage.
+
+    Needs no tokenizer, so the frontend can run it on admission and answer HTTP 400.
+    """
+    specs = normalize_tools(tools, limits)
+    spec = turn_spec(specs, tool_choice, parallel_tool_calls, dialect, limits.max_call_whitespace)
+    covered, needs_validation = check_coverage(spec.tools, engine.supported_keywords, engine.name, coverage)
+    return PreparedTurn(
+        TurnSpec(spec.dialect, covered, spec.mode, spec.parallel, spec.max_whitespace),
+        needs_validation,
+        spec.tools,
+    )
+
+
+class ToolCallMatcher:
+    """Per-request matcher: feed tokens, fill mask rows, roll back."""
+
+    def __init__(self, inner: EngineMatcher, tokenizer: Any) -> None:
+        self._inner = inner
+        self._tokenizer = tokenizer
+
+    def accept_token(self, token_id: int) -> bool:
+        return self._inner.accept_token(token_id)
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int = 0) -> bool:
+        """Fill ``bitmask[row]``; False when every token is allowed (the row may be left alone)."""
+        return self._inner.fill_bitmask(bitmask, row)
+
+    def rollback(self, num_tokens: int = 1) -> None:
+        self._inner.rollback(num_tokens)
+
+    def is_terminated(self) -> bool:
+        return self._inner.is_terminated()
+
+    def can_end(self) -> bool:
+        """Whether the output so far is complete (a stop token would be accepted now)."""
+        return self._inner.can_end()
+
+    @property
+    def engine_matcher(self) -> EngineMatcher:
+        return self._inner
+
+    def accepts_text(self, text: str) -> bool:
+        """True iff ``text``'s tokenization is accepted token by token and the output may end there.
+
+        Consumes this matcher; use a fresh one per check.
+        """
+        ids = self._tokenizer.encode(text, add_special_tokens=False)
+        return all(self._inner.accept_token(i) for i in ids) and self._inner.can_end()
+
+
+@dataclass(frozen=True)
+class CompiledToolGrammar:
+    """A request's turn grammar, compiled for one tokenizer and engine."""
+
+    prepared: PreparedTurn
+    grammar: EngineGrammar
+    vocab: Vocabulary
+    compile_ms: float
+
+    @property
+    def spec(self) -> TurnSpec:
+        return self.prepared.spec
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.grammar.memory_bytes
+
+    def matcher(self, stop_token_ids: Sequence[int] | None = None) -> ToolCallMatcher:
+        """A fresh matcher; extra ``stop_token_ids`` are allowed only where the turn may end."""
+        stops = tuple(dict.fromkeys((*self.vocab.stop_token_ids, *(stop_token_ids or ()))))
+        return ToolCallMatcher(self.grammar.matcher(stops), self.vocab.tokenizer)
+
+
+class ToolGrammarCompiler:
+    """Compiles a request's tools into the grammar the logits processor enforces.
+
+    One compiler per (tokenizer, engine); compiled grammars are shared through a process-wide,
+    byte-bounded cache keyed by (canonical turn, engine, tokenizer fingerprint).
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        engine: str = "xgrammar",
+        dialect: str | Dialect = "hermes",
+        *,
+        vocab_size: int | None = None,
+        stop_token_ids: Sequence[int] | None = None,
+        coverage: Coverage = "strict",
+        limits: Limits | None = None,
+        cache: GrammarCache[EngineGrammar] | None = None,
+    ) -> None:
+        self.limits = limits or get_limits()
+        self.vocab = Vocabulary.from_tokenizer(tokenizer, vocab_size, stop_token_ids)
+        self.engine: GrammarEngine = get_engine_class(engine)(self.vocab)
+        self.dialect = get_dialect(dialect)
+        self.coverage: Coverage = coverage
+        self.cache = cache if cache is not None else shared_cache()
+
+    def prepare(
+        self,
+        tools: Sequence[Any] | None,
+        tool_choice: Any = "auto",
+        parallel_tool_calls: bool = True,
+        dialect: str | Dialect | None = None,
+        coverage: Coverage | None = None,
+    ) -> PreparedTurn:
+        """Validate and normalise a request (cheap, synchronous); raises :class:`ToolSchemaError`."""
+        return prepare_turn(
+            tools, tool_choice, parallel_tool_calls, dialect or self.dialect, coverage or self.coverage,
+            type(self.engine), self.limits,
+        )  # fmt: skip
+
+    def submit(self, prepared: PreparedTurn) -> Future[EngineGrammar]:
+        """Start (or join) the compile of ``prepared`` on the background pool."""
+        key = (prepared.spec.key(), self.engine.name, self.vocab.fingerprint)
+        return self.cache.get(key, lambda: self._compile_now(prepared.spec))
+
+    def _compile_now(self, spec: TurnSpec) -> EngineGrammar:
+        start = time.perf_counter()
+        grammar = self.engine.compile(spec)
+        logger.debug(
+            "compiled %d tools (%s, %s) in %.1f ms, %d bytes",
+            len(spec.tools),
+            spec.mode,
+            spec.dialect.name,
+            (time.perf_counter() - start) * 1e3,
+            grammar.memory_bytes,
+        )
+        return grammar
+
+    def result(
+        self, prepared: PreparedTurn, future: Future[EngineGrammar], timeout: float | None = None
+    ) -> CompiledToolGrammar:
+        """Wait for a submitted compile; engine errors and timeouts become :class:`GrammarCompileError`."""
+        start = time.perf_counter()
+        limit = self.limits.compile_timeout_s if timeout is None else timeout
+        try:
+            grammar = future.result(timeout=limit)
+        except FutureTimeout:
+            raise GrammarCompileError(
+                f"compiling the tools took longer than {limit:g} s (HERMES_VLLM_COMPILE_TIMEOUT_S)"
+            ) from None
+        except (ValueError, RuntimeError) as err:
+            raise GrammarCompileError(str(err)) from None
+        return CompiledToolGrammar(prepared, grammar, self.vocab, (time.perf_counter() - start) * 1e3)
+
+    def compile(
+        self,
+        tools: Sequence[Any] | None,
+        tool_choice: Any = "auto",
+        parallel_tool_calls: bool = True,
+        *,
+        dialect: str | Dialect | None = None,
+        coverage: Coverage | None = None,
+    ) -> CompiledToolGrammar:
+        """Validate, compile (or fetch from the cache) and return the turn grammar; blocking."""
+        prepared = self.prepare(tools, tool_choice, parallel_tool_calls, dialect, coverage)
+        return self.result(prepared, self.submit(prepared))

@@ -1,0 +1,71 @@
+"""The default engine: xgrammar, with llguidance for the turns xgrammar handles badly.
+
+xgrammar has the fastest masks, but, measured here (xgrammar 0.2.8):
+
+- it precomputes masks for every position of a length-bounded string: on the 131k vocabulary one
+  ``maxLength: 16`` costs 0.7 s of compile, 32 costs 1.2 s and 100 costs 5.2 s, against 0.07 s
+  without the bound (llguidance: 6-7 ms for each);
+- a string with ``minLength``, ``maxLength`` or ``pattern`` admits no JSON escape, so a valid value
+  holding a quote, a backslash or a newline cannot be written (tests/test_grammar_soundness.py);
+- it cannot enforce some keywords llguidance can (``patternProperties``, an ``allOf`` or ``oneOf``
+  the schema rewrites cannot turn into something simpler).
+
+A turn whose tools hold one of these is compiled by llguidance, every other turn by xgrammar.
+Both accept the same turn language, so a batch may mix them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import cached_property
+
+import torch
+
+from hermes_vllm.grammar.engines.base import EngineGrammar, EngineMatcher, GrammarEngine, Vocabulary
+from hermes_vllm.grammar.engines.llguidance import LLGUIDANCE_KEYWORDS, LLGuidanceEngine
+from hermes_vllm.grammar.engines.xgrammar import XGRAMMAR_KEYWORDS, XGrammarEngine, XGrammarMatcher
+from hermes_vllm.grammar.turn import TurnSpec
+from hermes_vllm.schema import CONSTRAINING, iter_subschemas
+
+_BOUNDED_STRINGS = frozenset({"minLength", "maxLength", "pattern"})
+
+
+def prefers_llguidance(turn: TurnSpec) -> bool:
+    """Whether ``turn`` holds a bounded string or a keyword only llguidance enforces."""
+    for tool in turn.tools:
+        for _, sub in iter_subschemas(tool.parameters):
+            for key in sub:
+                if key in _BOUNDED_STRINGS or (key in CONSTRAINING and key not in XGRAMMAR_KEYWORDS):
+                    return True
+    return False
+
+
+class AutoEngine(GrammarEngine):
+    name = "auto"
+    supported_keywords = XGRAMMAR_KEYWORDS | LLGUIDANCE_KEYWORDS
+
+    def __init__(self, vocab: Vocabulary) -> None:
+        super().__init__(vocab)
+        self.xgrammar = XGrammarEngine(vocab)
+
+    @cached_property
+    def llguidance(self) -> LLGuidanceEngine:
+        """Built on first use: most servers never need it."""
+        return LLGuidanceEngine(self.vocab)
+
+    @classmethod
+    def check(cls, turn: TurnSpec) -> None:
+        (LLGuidanceEngine if prefers_llguidance(turn) else XGrammarEngine).check(turn)
+
+    def compile(self, turn: TurnSpec) -> EngineGrammar:
+        return (self.llguidance if prefers_llguidance(turn) else self.xgrammar).compile(turn)
+
+    def fill_bitmasks(
+        self, matchers: Sequence[EngineMatcher], bitmask: torch.Tensor, rows: Sequence[int]
+    ) -> None:
+        fast = [(m, r) for m, r in zip(matchers, rows, strict=True) if isinstance(m, XGrammarMatcher)]
+        if fast:
+            self.xgrammar.fill_bitmasks([m for m, _ in fast], bitmask, [r for _, r in fast])
+        for matcher, row in zip(matchers, rows, strict=True):
+            if not isinstance(matcher, XGrammarMatcher):
+                matcher.fill_bitmask(bitmask, row)

@@ -1,0 +1,135 @@
+"""What a grammar engine backend provides: compile a :class:`TurnSpec`, match tokens, fill masks."""
+
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, ClassVar
+
+import torch
+import xgrammar as xgr
+
+from hermes_vllm.grammar.turn import TurnSpec
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """The tokenizer as the engines need it, plus the model's logits width."""
+
+    tokenizer: Any
+    """A Hugging Face tokenizer (fast or slow)."""
+    vocab_size: int
+    """Width of the model's logits; may exceed the tokenizer's length (padded heads)."""
+    stop_token_ids: tuple[int, ...]
+    fingerprint: str = field(default="", compare=False)
+
+    @classmethod
+    def from_tokenizer(
+        cls, tokenizer: Any, vocab_size: int | None = None, stop_token_ids: Sequence[int] | None = None
+    ) -> Vocabulary:
+        vocab = tokenizer.get_vocab()
+        size = vocab_size or max(len(tokenizer), max(vocab.values()) + 1)
+        stops = tuple(stop_token_ids) if stop_token_ids else (tokenizer.eos_token_id,)
+        digest = hashlib.sha256(
+            repr((size, stops, sorted(vocab.items(), key=lambda kv: kv[1]))).encode()
+        ).hexdigest()
+        return cls(tokenizer, size, stops, digest[:16])
+
+    @cached_property
+    def tokenizer_info(self) -> xgr.TokenizerInfo:
+        """xgrammar's view of the vocabulary (decoded bytes per token), shared by all users."""
+        return xgr.TokenizerInfo.from_huggingface(
+            self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=list(self.stop_token_ids)
+        )
+
+    @cached_property
+    def decoded(self) -> list[bytes]:
+        """The bytes each token id stands for."""
+        return list(self.tokenizer_info.decoded_vocab)
+
+
+class EngineMatcher(ABC):
+    """Per-request matcher state for one compiled grammar."""
+
+    @abstractmethod
+    def accept_token(self, token_id: int) -> bool:
+        """Advance by one token; False (state unchanged) if the grammar does not allow it."""
+
+    @abstractmethod
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> bool:
+        """Write the allowed next tokens into ``bitmask[row]``; False when every token is allowed."""
+
+    @abstractmethod
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last ``num_tokens`` accepted tokens."""
+
+    @abstractmethod
+    def is_terminated(self) -> bool:
+        """True once a stop token was accepted at a point where the grammar may end."""
+
+    @abstractmethod
+    def can_end(self) -> bool:
+        """True when the output accepted so far is a complete output of the grammar."""
+
+
+class EngineGrammar(ABC):
+    """A turn grammar compiled for one vocabulary."""
+
+    @property
+    @abstractmethod
+    def memory_bytes(self) -> int:
+        """Approximate resident size, for the cache's byte bound."""
+
+    @abstractmethod
+    def matcher(self, stop_token_ids: Sequence[int]) -> EngineMatcher:
+        """A fresh matcher; ``stop_token_ids`` may end the output only where the grammar may end."""
+
+
+class GrammarEngine(ABC):
+    """A constrained-decoding library behind one interface."""
+
+    name: ClassVar[str]
+    supported_keywords: ClassVar[frozenset[str]]
+    """JSON Schema keywords the engine enforces; others are refused or stripped by coverage policy."""
+
+    def __init__(self, vocab: Vocabulary) -> None:
+        self.vocab = vocab
+
+    @classmethod
+    def check(cls, turn: TurnSpec) -> None:
+        """Raise ``ValueError`` if ``turn`` cannot be compiled; needs no tokenizer (frontend use).
+
+        Engines that cannot check without a vocabulary accept here and report at compile time.
+        """
+        return None
+
+    @abstractmethod
+    def compile(self, turn: TurnSpec) -> EngineGrammar:
+        """Compile ``turn``; raise ``ValueError`` with a readable message when it cannot."""
+
+    def fill_bitmasks(
+        self, matchers: Sequence[EngineMatcher], bitmask: torch.Tensor, rows: Sequence[int]
+    ) -> None:
+        """Fill many rows at once; engines with a parallel batch fill override this."""
+        for matcher, row in zip(matchers, rows, strict=True):
+            matcher.fill_bitmask(bitmask, row)
+
+
+def allocate_bitmask(rows: int, vocab_size: int, pin_memory: bool = False) -> torch.Tensor:
+    """A packed int32 bitmask (1 bit per token, 1 = allowed), the layout every engine fills.
+
+    Pinned when it feeds a GPU, so its host-to-device copy does not block.
+    """
+    words = (vocab_size + 31) // 32
+    return torch.full((rows, words), -1, dtype=torch.int32, pin_memory=pin_memory)
+
+
+def set_token_allowed(bitmask: torch.Tensor, row: int, token: int, allowed: bool) -> None:
+    """Set one token's bit in ``bitmask[row]``, for engines that decide some tokens (stops) themselves."""
+    word, bit = divmod(token, 32)
+    value = int(bitmask[row, word]) & 0xFFFFFFFF
+    value = value | (1 << bit) if allowed else value & ~(1 << bit)
+    bitmask[row, word] = value - (1 << 32) if value >= 1 << 31 else value

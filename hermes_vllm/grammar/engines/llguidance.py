@@ -1,0 +1,325 @@
+"""Optional engine: llguidance (Earley parser over lazily built regex lexemes; no vocabulary precompute).
+
+The turn is one Lark grammar, the same language as the xgrammar structural tag:
+
+- free text is the terminal ``TEXT``: any text containing no call tag and no span opener, written
+  with llguidance's regex negation (``/(?s:.*)/ & ~(/(?s:.*)/ ("<tool_call>" | ...) /(?s:.*)/)``);
+- each tag is a ``[lazy]`` lexeme ``TEXT "<tag>"``, which ends at the first occurrence of the tag;
+  lexemes are matched on bytes, so a tag split over tokens, or one token holding a tag's end and
+  the JSON's start, needs nothing special;
+- a reasoning/hidden span is its opener then the lazy lexeme ``/(?s:.*)/ "</tag>"`` (opaque: a call
+  tag inside is text); an unclosed span may end the output (``/(?s:.*)/`` minus the closing tag);
+- a call is ``HEAD %json{arguments} TAIL`` per tool (and per key order), with the bounded call
+  whitespace written into ``HEAD``/``TAIL``; objects that declare ``properties`` are closed (our
+  argument policy; llguidance, like JSON Schema, would leave them open).
+
+``no_forcing`` is set: by default llguidance lets the mask allow only the tokenizer's canonical
+tokenization of forced text, which depends on the tokenizer's ``encode`` (SentencePiece adds a
+space) and differs from xgrammar's mask, which allows every tokenization of the language.
+
+Known differences from xgrammar, all inside the arguments JSON (llguidance 1.7, the version vLLM
+pins): (1) whitespace is allowed, up to the bound, around ``,`` and ``:`` only, not after ``{``/``[``
+or before ``}``/``]`` (1.7 repeats ``whitespace_pattern`` without bound; the separators are the
+only bounded place); compact and ``{"a": 1, "b": 2}`` layouts are accepted. (2) A string spells
+each character one way: printable characters raw (no ``\\uXXXX``, no ``\\/``), DEL only as
+``\\u007f``. Special tokens are text here as in xgrammar (the token table is the one xgrammar
+decodes); stop tokens end the output only where the grammar may end. llguidance does not report
+its memory use: ``memory_bytes`` is the grammar text's size, a lower bound.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Sequence
+from functools import cached_property
+from typing import Any
+
+import llguidance as llg
+import torch
+
+from hermes_vllm.dialect import TagPair
+from hermes_vllm.grammar.engines.base import (
+    EngineGrammar,
+    EngineMatcher,
+    GrammarEngine,
+    Vocabulary,
+    set_token_allowed,
+)
+from hermes_vllm.grammar.turn import TurnSpec
+from hermes_vllm.schema import ToolSpec, canonical_value, iter_subschemas
+
+logger = logging.getLogger(__name__)
+
+# Measured on the JSON-Schema-Test-Suite (draft 2020-12) through the real compiler with every
+# keyword let through: llguidance enforces these wherever it compiles them, and refuses with an
+# error (never silently) what it cannot: patternProperties that are not disjoint, oneOf not
+# provably exclusive, min/maxProperties beside optional properties, false subschemas. Left out:
+# multipleOf (1.7 rejects negative multiples, fixed in 1.8) and what 1.7 reports as unimplemented
+# (uniqueItems, not, if/then/else, contains, dependent*, propertyNames, unevaluated*,
+# $dynamicRef): strict coverage refuses them, lenient coverage strips them.
+LLGUIDANCE_KEYWORDS = frozenset(
+    {
+        "type", "enum", "const", "properties", "required", "additionalProperties", "patternProperties",
+        "minProperties", "maxProperties", "items", "prefixItems", "minItems", "maxItems",
+        "minLength", "maxLength", "pattern", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+        "anyOf", "allOf", "oneOf", "$ref", "$defs", "definitions",
+    }
+)  # fmt: skip
+
+_ANY = "/(?s:.*)/"
+
+
+def _lit(text: str) -> str:
+    """A Lark string literal (JSON escapes, ASCII only)."""
+    return json.dumps(text)
+
+
+def _ws(n: int) -> str:
+    return f"/[ \\t\\n\\r]{{0,{n}}}/"
+
+
+def _not_containing(words: Sequence[str]) -> str:
+    """A terminal for any text that contains none of ``words`` (llguidance's ``&``/``~``)."""
+    return f"{_ANY} & ~({_ANY} ({' | '.join(_lit(w) for w in words)}) {_ANY})"
+
+
+def _json_options(max_ws: int) -> dict[str, Any]:
+    """Bounded whitespace around separators only: llguidance 1.7 repeats ``whitespace_pattern``."""
+    ws = f"[ \\t\\n\\r]{{0,{max_ws}}}"
+    return {"whitespace_flexible": False, "item_separator": f"{ws},{ws}", "key_separator": f"{ws}:{ws}"}
+
+
+_OPENERS = frozenset({"additionalProperties", "patternProperties", "unevaluatedProperties"})
+
+
+def _schema(tool: ToolSpec, max_ws: int) -> dict[str, Any]:
+    """The arguments schema as llguidance takes it, with whitespace options.
+
+    Integral floats become integers (llguidance refuses a ``maxItems`` of ``2.0``; JSON Schema
+    compares numbers by value), and objects that declare ``properties`` are closed unless they
+    say otherwise: our argument policy, which llguidance (following JSON Schema) would not apply.
+    """
+    schema: dict[str, Any] = canonical_value(tool.parameters)
+    for _, sub in iter_subschemas(schema):
+        if isinstance(sub.get("properties"), dict) and not _OPENERS & sub.keys():
+            sub["additionalProperties"] = False
+    return {**schema, "x-guidance": _json_options(max_ws)}
+
+
+def _call_rules(i: int, tool: ToolSpec, order: str, end: str, max_ws: int) -> list[str]:
+    """``{"name": N, "arguments": ARGS}`` (or arguments first) up to the closing tag."""
+    ws = _ws(max_ws)
+    name = _lit(json.dumps(tool.name, ensure_ascii=False))
+    schema = json.dumps(_schema(tool, max_ws))
+    key = {k: f"{_lit(json.dumps(k))} {ws} {_lit(':')} {ws}" for k in ("name", "arguments")}
+    close = f"{ws} {_lit('}')} {ws} {_lit(end)}"
+    if order == "name_first":
+        head = f"{ws} {_lit('{')} {ws} {key['name']} {name} {ws} {_lit(',')} {ws} {key['arguments']}"
+        tail = close
+    else:
+        head = f"{ws} {_lit('{')} {ws} {key['arguments']}"
+        tail = f"{ws} {_lit(',')} {ws} {key['name']} {name} {close}"
+    rule = f"tool{i}_{order}"
+    upper = rule.upper()
+    return [
+        f"{rule}: {upper}_HEAD %json {schema} {upper}_TAIL",
+        f"{upper}_HEAD: {head}",
+        f"{upper}_TAIL: {tail}",
+    ]
+
+
+def build_lark(turn: TurnSpec) -> str:
+    """The whole turn as one llguidance Lark grammar (see the module docstring for the shape)."""
+    d = turn.dialect
+    spans: tuple[TagPair, ...] = d.free_spans
+    call = d.tool_call
+    lines = [
+        '%llguidance {"no_forcing": true}',
+        f"TEXT: {_not_containing([call.begin, *(p.begin for p in spans)])}",
+    ]
+    for k, p in enumerate(spans):
+        lines += [
+            f"span{k}_open[lazy]: TEXT {_lit(p.begin)}",
+            f"span{k}_rest[lazy]: {_ANY} {_lit(p.end)}",
+            f"SPAN{k}_UNCLOSED: {_not_containing([p.end])}",
+            f"SPAN{k}_LEAD: {_ws(turn.max_whitespace)} {_lit(p.begin)}",
+        ]
+    span = " | ".join(f"span{k}_open span{k}_rest" for k in range(len(spans)))
+    end = " | ".join(["TEXT", *(f"span{k}_open SPAN{k}_UNCLOSED" for k in range(len(spans)))])
+    lines += [f"end: {end}"] + ([f"span: {span}"] if spans else [])
+    free = "span*" if spans else ""
+    if turn.mode != "none":
+        orders = ("name_first", "arguments_first") if d.key_order == "either" else (d.key_order,)
+        bodies = [(i, t, o) for o in orders for i, t in enumerate(turn.tools)]
+        lines += [
+            f"call_open[lazy]: TEXT {_lit(call.begin)}",
+            f"CALL_LEAD: {_ws(turn.max_whitespace)} {_lit(call.begin)}",
+            "call: call_open body",
+            "body: " + " | ".join(f"tool{i}_{o}" for i, _, o in bodies),
+        ]
+        for i, tool, order in bodies:
+            lines += _call_rules(i, tool, order, call.end, turn.max_whitespace)
+    with_calls = "(span | call)*" if spans else "call*"
+    if turn.mode == "none":
+        start = f"{free} end"
+    elif turn.mode == "auto" and turn.parallel:
+        start = f"{with_calls} end"
+    elif turn.mode == "auto":
+        start = f"{free} (call {free})? end"
+    else:
+        leads = " | ".join(f"SPAN{k}_LEAD span{k}_rest" for k in range(len(spans)))
+        prefix = f"({leads})* " if spans else ""
+        start = f"{prefix}CALL_LEAD body {with_calls if turn.parallel else free} end"
+    return "\n".join([lines[0], f"start: {start}", *lines[1:]]) + "\n"
+
+
+def _grammar(turn: TurnSpec) -> str:
+    return str(llg.LLMatcher.grammar_from_lark(build_lark(turn)))
+
+
+_POSITION = re.compile(r"^at \d+\(\d+\): ")
+
+
+def _compile_error(turn: TurnSpec, message: str) -> ValueError:
+    """A readable error naming the tool: llguidance reports a Lark position and grammar excerpt."""
+    for tool in turn.tools:
+        grammar = llg.LLMatcher.grammar_from_json_schema(_schema(tool, turn.max_whitespace))
+        is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar)
+        if is_error:
+            return ValueError(f"tool {tool.name!r}: llguidance cannot compile its parameters: {messages[0]}")
+    return ValueError(f"llguidance cannot compile the tools: {_POSITION.sub('', message.splitlines()[0])}")
+
+
+class _TokenTable:
+    """The token bytes xgrammar decoded, in the shape ``llguidance.TokenizerWrapper`` reads.
+
+    Sharing xgrammar's table makes every engine see the same bytes per token; only stop tokens
+    are special (never text).
+    """
+
+    def __init__(self, vocab: Vocabulary) -> None:
+        self.eos_token_id = vocab.stop_token_ids[0]
+        self.bos_token_id = None
+        self.tokens = vocab.decoded
+        self.special_token_ids = list(vocab.stop_token_ids)
+        self._tokenizer = vocab.tokenizer
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", errors="replace")
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+
+class LLGuidanceMatcher(EngineMatcher):
+    """An ``LLMatcher`` plus the request's stop tokens, which end the output where it may end."""
+
+    def __init__(self, inner: llg.LLMatcher, stops: frozenset[int], native_stops: frozenset[int]) -> None:
+        self.inner = inner
+        self._stops = stops
+        # Stop bits to rewrite after each fill, unless they are exactly llguidance's own EOS set.
+        self._fix = sorted(stops | native_stops) if stops != native_stops else []
+        self._terminated = False
+
+    def accept_token(self, token_id: int) -> bool:
+        if self._terminated:
+            return False
+        if token_id in self._stops:
+            self._terminated = bool(self.inner.is_accepting())
+            return self._terminated
+        return bool(self.inner.try_consume_tokens([token_id]) == 1)
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> bool:
+        words = bitmask.shape[1]
+        self.inner.unsafe_compute_mask_ptr(bitmask.data_ptr() + row * bitmask.stride(0) * 4, words * 4)
+        self.fix_stops(bitmask, row)
+        return True
+
+    def fix_stops(self, bitmask: torch.Tensor, row: int) -> None:
+        """Allow exactly this request's stop tokens, and only where the output may end."""
+        if not self._fix:
+            return
+        accepting = not self._terminated and bool(self.inner.is_accepting())
+        for token in self._fix:
+            set_token_allowed(bitmask, row, token, accepting and token in self._stops)
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens and self._terminated:
+            self._terminated = False
+            num_tokens -= 1
+        if num_tokens:
+            self.inner.rollback(num_tokens)
+
+    def is_terminated(self) -> bool:
+        return self._terminated
+
+    def can_end(self) -> bool:
+        return self._terminated or bool(self.inner.is_accepting())
+
+
+class LLGuidanceGrammar(EngineGrammar):
+    """A checked grammar and a pristine matcher; request matchers are cheap deep copies of it."""
+
+    def __init__(self, grammar: str, prototype: llg.LLMatcher, native_stops: frozenset[int]) -> None:
+        self.grammar = grammar
+        self._prototype = prototype
+        self._native_stops = native_stops
+
+    @property
+    def memory_bytes(self) -> int:
+        return len(self.grammar)
+
+    def matcher(self, stop_token_ids: Sequence[int]) -> LLGuidanceMatcher:
+        return LLGuidanceMatcher(self._prototype.deep_copy(), frozenset(stop_token_ids), self._native_stops)
+
+
+class LLGuidanceEngine(GrammarEngine):
+    name = "llguidance"
+    supported_keywords = LLGUIDANCE_KEYWORDS
+
+    def __init__(self, vocab: Vocabulary) -> None:
+        super().__init__(vocab)
+        self._native_stops = frozenset(vocab.stop_token_ids)
+
+    @cached_property
+    def tokenizer(self) -> llg.LLTokenizer:
+        """llguidance's token trie (about a second for 131k tokens), built on first compile."""
+        wrapper = llg.TokenizerWrapper(_TokenTable(self.vocab))
+        return llg.LLTokenizer(
+            wrapper, n_vocab=self.vocab.vocab_size, eos_token=list(self.vocab.stop_token_ids)
+        )
+
+    @cached_property
+    def _executor(self) -> llg.LLExecutor:
+        return llg.LLExecutor(num_threads=max(2, (os.cpu_count() or 2) // 2))
+
+    @classmethod
+    def check(cls, turn: TurnSpec) -> None:
+        is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(_grammar(turn))
+        if is_error:
+            raise _compile_error(turn, messages[0])
+
+    def compile(self, turn: TurnSpec) -> LLGuidanceGrammar:
+        grammar = _grammar(turn)
+        prototype = llg.LLMatcher(self.tokenizer, grammar, log_level=0)
+        if prototype.is_error():
+            raise _compile_error(turn, prototype.get_error())
+        for warning in prototype.get_grammar_warnings():
+            logger.debug("llguidance: %s", warning)
+        return LLGuidanceGrammar(grammar, prototype, self._native_stops)
+
+    def fill_bitmasks(
+        self, matchers: Sequence[EngineMatcher], bitmask: torch.Tensor, rows: Sequence[int]
+    ) -> None:
+        ours = [m for m in matchers if isinstance(m, LLGuidanceMatcher)]
+        if len(ours) != len(matchers) or not bitmask.is_contiguous():
+            super().fill_bitmasks(matchers, bitmask, rows)
+            return
+        pairs = [(m.inner, row) for m, row in zip(ours, rows, strict=True)]
+        self._executor.unsafe_compute_mask_ptr(
+            pairs, bitmask.data_ptr(), bitmask.shape[1] * 4, bitmask.shape[0]
+        )
+        for m, row in zip(ours, rows, strict=True):
+            m.fix_stops(bitmask, row)

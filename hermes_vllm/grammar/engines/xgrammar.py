@@ -1,0 +1,184 @@
+"""The default engine: xgrammar structural tags (fast masks, millisecond compiles).
+
+The turn is one structural tag: text triggers for the call and span tags (robust to any token
+boundary, since xgrammar matches the tag text byte by byte), a JSON-schema call body, and an
+optional unclosed reasoning/hidden span at the end so that free text and reasoning may stop anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import xgrammar as xgr
+from xgrammar import structural_tag as st
+
+from hermes_vllm.dialect import TagPair
+from hermes_vllm.grammar.engines.base import EngineGrammar, EngineMatcher, GrammarEngine, Vocabulary
+from hermes_vllm.grammar.turn import TurnSpec
+from hermes_vllm.schema import ToolSpec
+
+# Measured on the JSON-Schema-Test-Suite (benchmarks/soundness.py): xgrammar enforces these once
+# schema.make_explicit has spelled out types and defaults, and schema.uncovered_keywords refuses
+# them where they sit beside '$ref'/'anyOf' or combine 'pattern' with lengths. Left out because
+# xgrammar silently ignores or mis-enforces them: uniqueItems, not, if/then/else, oneOf/allOf
+# (unless rewritten), dependent*, contains, propertyNames, unevaluated*; multipleOf (ignored
+# except for type integer with an integer divisor <= 1024); patternProperties (patterns taken as
+# whole-key matches, '^'/'$' break them, and beside 'properties' no key is accepted at all).
+XGRAMMAR_KEYWORDS = frozenset(
+    {
+        "type", "enum", "const", "properties", "required", "additionalProperties",
+        "items", "prefixItems", "minItems", "maxItems", "minLength", "maxLength", "pattern",
+        "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "anyOf",
+        "$ref", "$defs", "definitions", "minProperties", "maxProperties",
+    }
+)  # fmt: skip
+
+
+_CPP_LOCATION = re.compile(r"^.*?\.cc:\d+: ")
+
+
+def _ws(n: int) -> str:
+    return f"[ \\t\\n\\r]{{0,{n}}}"
+
+
+def _call_body(tool: ToolSpec, order: str, ws: str, max_ws: int) -> st.SequenceFormat:
+    """``{"name": NAME, "arguments": ARGS}`` (or arguments first) with bounded whitespace."""
+    name = re.escape(json.dumps(tool.name, ensure_ascii=False))
+    args = st.JSONSchemaFormat(json_schema=tool.parameters, max_whitespace_cnt=max_ws)
+    key = {"name": f'"name"{ws}:{ws}{name}', "arguments": f'"arguments"{ws}:{ws}'}
+    if order == "name_first":
+        head, tail = rf"\{{{ws}{key['name']}{ws},{ws}{key['arguments']}", rf"{ws}\}}"
+    else:
+        head, tail = rf"\{{{ws}{key['arguments']}", rf"{ws},{ws}{key['name']}{ws}\}}"
+    return st.SequenceFormat(elements=[st.RegexFormat(pattern=head), args, st.RegexFormat(pattern=tail)])
+
+
+def build_structural_tag(turn: TurnSpec) -> st.StructuralTag:
+    """The whole turn as one xgrammar structural tag (see the module docstring for the shape)."""
+    d = turn.dialect
+    ws = _ws(turn.max_whitespace)
+    orders = ("name_first", "arguments_first") if d.key_order == "either" else (d.key_order,)
+    bodies: list[Any] = [_call_body(t, o, ws, turn.max_whitespace) for o in orders for t in turn.tools]
+    call = st.TagFormat(
+        begin=d.tool_call.begin,
+        content=st.SequenceFormat(
+            elements=[st.RegexFormat(pattern=ws), st.OrFormat(elements=bodies), st.RegexFormat(pattern=ws)]
+        ),
+        end=d.tool_call.end,
+    )
+    spans = [st.TagFormat(begin=p.begin, content=st.AnyTextFormat(), end=p.end) for p in d.free_spans]
+
+    def free_text(with_calls: bool) -> Any:
+        tags = ([call] if with_calls else []) + spans
+        excludes = [] if with_calls else [d.tool_call.begin]
+        if not tags:
+            return st.AnyTextFormat(excludes=excludes)
+        return st.TriggeredTagsFormat(triggers=[t.begin for t in tags], tags=tags, excludes=excludes)
+
+    def open_span(p: TagPair) -> st.SequenceFormat:
+        return st.SequenceFormat(
+            elements=[st.ConstStringFormat(value=p.begin), st.AnyTextFormat(excludes=[p.end])]
+        )
+
+    tail: list[Any] = (
+        [st.OptionalFormat(content=st.OrFormat(elements=[open_span(p) for p in d.free_spans]))]
+        if spans
+        else []
+    )
+    body: list[Any]
+    if turn.mode == "none":
+        body = [free_text(False)]
+    elif turn.mode == "auto" and turn.parallel:
+        body = [free_text(True)]
+    elif turn.mode == "auto":
+        body = [
+            free_text(False),
+            st.OptionalFormat(content=st.SequenceFormat(elements=[call, free_text(False)])),
+        ]
+    else:
+        lead = st.RegexFormat(pattern=ws)
+        prefix: list[Any] = [lead]
+        if spans:
+            prefix = [
+                st.StarFormat(content=st.SequenceFormat(elements=[lead, st.OrFormat(elements=spans)])),
+                lead,
+            ]
+        body = [*prefix, call, free_text(turn.parallel)]
+    return st.StructuralTag(format=st.SequenceFormat(elements=body + tail))
+
+
+@contextmanager
+def _readable_errors() -> Iterator[None]:
+    """xgrammar reports schema problems as RuntimeError with a C++ location prefix: strip it."""
+    try:
+        yield
+    except RuntimeError as err:
+        message = _CPP_LOCATION.sub("", str(err).strip().splitlines()[-1])
+        raise ValueError(f"xgrammar cannot compile the tools: {message}") from None
+
+
+class XGrammarMatcher(EngineMatcher):
+    def __init__(self, matcher: xgr.GrammarMatcher) -> None:
+        self.inner = matcher
+
+    def accept_token(self, token_id: int) -> bool:
+        return bool(self.inner.accept_token(token_id))
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> bool:
+        return bool(self.inner.fill_next_token_bitmask(bitmask, row))
+
+    def rollback(self, num_tokens: int) -> None:
+        self.inner.rollback(num_tokens)
+
+    def is_terminated(self) -> bool:
+        return bool(self.inner.is_terminated())
+
+    def can_end(self) -> bool:
+        return bool(self.inner.is_completed())
+
+
+class XGrammarGrammar(EngineGrammar):
+    def __init__(self, compiled: xgr.CompiledGrammar) -> None:
+        self.compiled = compiled
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.compiled.memory_size_bytes)
+
+    def matcher(self, stop_token_ids: Sequence[int]) -> XGrammarMatcher:
+        return XGrammarMatcher(xgr.GrammarMatcher(self.compiled, override_stop_tokens=list(stop_token_ids)))
+
+
+class XGrammarEngine(GrammarEngine):
+    name = "xgrammar"
+    supported_keywords = XGRAMMAR_KEYWORDS
+
+    def __init__(self, vocab: Vocabulary, threads: int = 1) -> None:
+        super().__init__(vocab)
+        # Our own cache sits above this one (keyed by the canonical turn), so xgrammar's is off.
+        self._compiler = xgr.GrammarCompiler(vocab.tokenizer_info, max_threads=threads, cache_enabled=False)
+        self._batch = xgr.BatchGrammarMatcher(max_threads=max(2, (os.cpu_count() or 2) // 2))
+
+    @classmethod
+    def check(cls, turn: TurnSpec) -> None:
+        with _readable_errors():
+            xgr.Grammar.from_structural_tag(build_structural_tag(turn))
+
+    def compile(self, turn: TurnSpec) -> XGrammarGrammar:
+        with _readable_errors():
+            return XGrammarGrammar(self._compiler.compile_structural_tag(build_structural_tag(turn)))
+
+    def fill_bitmasks(
+        self, matchers: Sequence[EngineMatcher], bitmask: torch.Tensor, rows: Sequence[int]
+    ) -> None:
+        inner = [m.inner for m in matchers if isinstance(m, XGrammarMatcher)]
+        if len(inner) != len(matchers):
+            super().fill_bitmasks(matchers, bitmask, rows)
+            return
+        self._batch.batch_fill_next_token_bitmask(inner, bitmask, list(rows))

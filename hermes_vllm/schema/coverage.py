@@ -1,0 +1,123 @@
+"""The keyword coverage policy: refuse (strict) or strip and re-validate (lenient) what an engine ignores."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from hermes_vllm.schema.rewrite import (
+    JSON_TYPES,
+    assertion_keywords,
+    declared_types,
+    implied,
+    open_containers,
+    search_as_full_match,
+)
+from hermes_vllm.schema.spec import JSON, ToolSchemaError, ToolSpec, pointer
+from hermes_vllm.schema.tree import CONSTRAINING, iter_subschemas
+
+logger = logging.getLogger(__name__)
+
+
+Coverage = Literal["strict", "lenient"]
+
+
+@dataclass(frozen=True)
+class UncoveredKeyword:
+    """A keyword the engine would silently ignore, and where it sits."""
+
+    tool: str
+    path: str
+    keyword: str
+    reason: str = ""
+    """Why, when the keyword is ignored because of where it sits rather than what it is."""
+
+
+def _trivial(key: str, value: JSON) -> bool:
+    """A keyword that admits everything (an engine may ignore it at no cost)."""
+    return value in (True, {}) or (
+        key == "type" and declared_types({"type": value}) == {*JSON_TYPES, "integer"}
+    )
+
+
+def _misplaced(sub: dict[str, JSON]) -> Iterator[tuple[str, str]]:
+    """Keywords that engines ignore because of their siblings (those :func:`make_explicit` left), and why."""
+    assertions = [k for k in assertion_keywords(sub) if not _trivial(k, sub[k])]
+    if "$ref" in sub:
+        yield from ((k, "beside '$ref'") for k in assertions if k != "$ref")
+    branches = sub.get("anyOf")
+    if isinstance(branches, list):
+        for key in assertions:
+            if key != "anyOf" and not all(implied(b, key, sub[key]) for b in branches):
+                yield key, "beside 'anyOf', and not implied by every branch"
+    pattern = sub.get("pattern")
+    if isinstance(pattern, str):
+        if search_as_full_match(pattern) is None:
+            yield "pattern", "lookaround, backreference or anchor inside a group"
+        yield from ((k, "together with 'pattern'") for k in ("minLength", "maxLength") if k in sub)
+
+
+def uncovered_keywords(spec: ToolSpec, supported: frozenset[str]) -> list[UncoveredKeyword]:
+    """Constraining keywords in ``spec`` that the engine would not enforce.
+
+    Those it does not support at all (``supported``), and those it ignores where they sit.
+    """
+    found = []
+    for path, sub in iter_subschemas(spec.parameters):
+        where = pointer(("parameters", *path))
+        found += [
+            UncoveredKeyword(spec.name, where, k) for k in sub if k in CONSTRAINING and k not in supported
+        ]
+        found += [UncoveredKeyword(spec.name, where, k, why) for k, why in _misplaced(sub) if k in supported]
+    return found
+
+
+def strip_keywords(spec: ToolSpec, drop: Sequence[UncoveredKeyword]) -> ToolSpec:
+    """A copy of ``spec`` without the listed keywords (lenient coverage), never stricter than before.
+
+    Dropping a keyword that admits keys or items (``patternProperties``, ``unevaluated*``) would
+    close the object or array, so those are replaced by ``additionalProperties: true`` / ``items``.
+    """
+    params = copy.deepcopy(spec.parameters)
+    by_path: dict[str, set[str]] = {}
+    for item in drop:
+        by_path.setdefault(item.path, set()).add(item.keyword)
+    for path, sub in list(iter_subschemas(params)):
+        for key in by_path.get(pointer(("parameters", *path)), ()):
+            sub.pop(key, None)
+            if key in ("patternProperties", "unevaluatedProperties"):
+                sub["additionalProperties"] = True
+    open_containers(params)
+    return ToolSpec(spec.name, params, spec.description)
+
+
+def check_coverage(
+    specs: Sequence[ToolSpec], supported: frozenset[str], engine: str, coverage: Coverage
+) -> tuple[tuple[ToolSpec, ...], bool]:
+    """Apply the coverage policy: (specs to compile, whether calls need post-hoc validation).
+
+    ``strict`` refuses a keyword the engine would silently ignore, naming it and the tool;
+    ``lenient`` compiles without it and asks for jsonschema validation of the finished call.
+    """
+    out: list[ToolSpec] = []
+    needs_validation = False
+    for spec in specs:
+        missing = uncovered_keywords(spec, supported)
+        if missing and coverage == "strict":
+            listed = ", ".join(
+                f"'{m.keyword}' at {m.path}" + (f" ({m.reason})" if m.reason else "") for m in missing
+            )
+            raise ToolSchemaError(
+                spec.name,
+                "",
+                f"the {engine} engine cannot enforce {listed}; remove the keyword, or pass "
+                "coverage='lenient' to compile without it and validate calls after generation",
+            )
+        if missing:
+            needs_validation = True
+            spec = strip_keywords(spec, missing)
+        out.append(spec)
+    return tuple(out), needs_validation

@@ -1,0 +1,429 @@
+"""Exact rewrites: spell out what JSON Schema leaves implicit, so engines read it as validators do.
+
+A grammar engine reads a schema differently from a validator. Measured on xgrammar by
+benchmarks/soundness.py: an object without ``properties`` and an array without ``items`` are
+closed, ``properties``/``items`` in an untyped schema restrict the type to object/array while
+numeric and string bounds there are ignored, keywords beside ``anyOf``, ``enum`` and ``const``
+are ignored, and ``pattern`` must match the whole string. Each rewrite below is exact under JSON
+Schema 2020-12 (a validator accepts the same instances before and after), so the grammar and the
+post-hoc validator agree; what cannot be rewritten exactly is left for the coverage check.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from jsonschema import Draft202012Validator
+
+from hermes_vllm.schema.spec import JSON, ToolSchemaError, pointer
+from hermes_vllm.schema.tree import CONSTRAINING, iter_subschemas, resolve_ref
+
+logger = logging.getLogger(__name__)
+
+
+JSON_TYPES = ("array", "boolean", "null", "number", "object", "string")
+
+
+# Keywords that constrain instances of one type only and pass every other type.
+_TYPED = frozenset(
+    {
+        "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minLength", "maxLength",
+        "pattern", "items", "prefixItems", "minItems", "maxItems", "contains", "minContains", "maxContains",
+        "uniqueItems", "properties", "required", "additionalProperties", "patternProperties", "minProperties",
+        "maxProperties", "propertyNames", "dependentRequired", "dependentSchemas",
+    }
+)  # fmt: skip
+
+
+# Keywords whose meaning depends on a sibling: one cannot move without the others.
+_COUPLED = (
+    frozenset({"properties", "patternProperties", "additionalProperties"}),
+    frozenset({"prefixItems", "items"}),
+    frozenset({"contains", "minContains", "maxContains"}),
+    frozenset({"if", "then", "else"}),
+)
+
+
+_UNEVALUATED = frozenset({"unevaluatedItems", "unevaluatedProperties"})
+
+
+# Constraining-list entries that place or name schemas rather than constrain instances.
+_PLACES = frozenset({"$defs", "definitions", "$anchor", "$dynamicAnchor"})
+
+
+_ANY_TEXT = r"[\s\S]*"
+
+
+def canonical_value(value: JSON) -> JSON:
+    """``value`` with integral floats as integers (``1.0`` -> ``1``), recursively.
+
+    JSON Schema compares numbers by value, and a grammar spells an integer one way only.
+    """
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [canonical_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: canonical_value(v) for k, v in value.items()}
+    return value
+
+
+def value_key(value: JSON) -> str:
+    """Equal JSON values (``1`` and ``1.0``, keys in any order) give equal keys; ``true`` is not ``1``."""
+    return json.dumps(canonical_value(value), sort_keys=True)
+
+
+def _value_types(value: JSON) -> set[str]:
+    if isinstance(value, bool):
+        return {"boolean"}
+    if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
+        return {"integer", "number"}
+    names = {float: "number", str: "string", list: "array", dict: "object", type(None): "null"}
+    return {names[type(value)]}
+
+
+def declared_types(schema: JSON) -> set[str] | None:
+    """The types ``schema``'s ``type`` admits (``integer`` within ``number``); None when untyped."""
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    if kind is None:
+        return None
+    kinds = {kind} if isinstance(kind, str) else set(kind)
+    return kinds | {"integer"} if "number" in kinds else kinds
+
+
+def assertion_keywords(schema: dict[str, JSON]) -> list[str]:
+    return [k for k in schema if k in CONSTRAINING and k not in _PLACES]
+
+
+def implied(branch: JSON, key: str, value: JSON) -> bool:
+    """Whether ``branch`` already says ``key: value`` (or something stricter, for ``type``)."""
+    if branch is False:
+        return True
+    if not isinstance(branch, dict):
+        return False
+    if key == "type":
+        mine, theirs = declared_types(branch), declared_types({"type": value})
+        return mine is not None and theirs is not None and mine <= theirs
+    if key == "required" and isinstance(value, list):
+        return set(value) <= set(branch.get("required", []))
+    return key in branch and branch[key] == value
+
+
+def _mergeable(target: dict[str, JSON], extra: dict[str, JSON]) -> bool:
+    """Whether adding ``extra``'s assertions to ``target`` means "both", keyword by keyword."""
+    if _UNEVALUATED & (target.keys() | extra.keys()) or any(k in extra for k in (*_PLACES, "$id")):
+        return False
+    keys = assertion_keywords(extra)
+    if any(k in target and k != "required" and not implied(target, k, extra[k]) for k in keys):
+        return False  # two `required` lists merge into their union
+    for group in _COUPLED:
+        mine, theirs = group & target.keys(), group & set(keys)
+        if mine and theirs and {k: target[k] for k in mine} != {k: extra[k] for k in theirs}:
+            return False
+    return True
+
+
+def _merge(target: dict[str, JSON], extra: dict[str, JSON]) -> None:
+    for key, value in extra.items():
+        if key == "required" and isinstance(target.get(key), list) and isinstance(value, list):
+            target[key] = list(dict.fromkeys([*target[key], *value]))
+        elif key in CONSTRAINING and not implied(target, key, value):
+            target[key] = copy.deepcopy(value)
+        else:
+            target.setdefault(key, copy.deepcopy(value))
+
+
+def _merge_all_of(schema: JSON) -> None:
+    """``allOf`` whose branches can all be merged into the parent (see :func:`_mergeable`) -> one schema."""
+    for _, sub in reversed(list(iter_subschemas(schema))):
+        branches = sub.get("allOf")
+        if not isinstance(branches, list) or not all(isinstance(b, dict) or b is True for b in branches):
+            continue
+        merged = {k: v for k, v in sub.items() if k != "allOf"}
+        for branch in (b for b in branches if isinstance(b, dict)):
+            if not _mergeable(merged, branch):
+                break
+            _merge(merged, branch)
+        else:
+            sub.clear()
+            sub.update(merged)
+
+
+def _domain(branch: JSON, root: JSON) -> tuple[str, Any] | None:
+    """What a branch can match at most: ``("types", {...})`` or ``("values", (...))``; None if unknown."""
+    if isinstance(branch, dict) and isinstance(branch.get("$ref"), str):
+        try:
+            branch = resolve_ref(root, branch["$ref"])
+        except LookupError:
+            return None
+    if branch is False:
+        return ("values", ())
+    if not isinstance(branch, dict):
+        return None
+    if "const" in branch:
+        return ("values", (branch["const"],))
+    if isinstance(branch.get("enum"), list):
+        return ("values", tuple(branch["enum"]))
+    types = declared_types(branch)
+    return ("types", types) if types is not None else None
+
+
+def _disjoint(a: tuple[str, Any], b: tuple[str, Any]) -> bool:
+    if a[0] == b[0] == "types":
+        return not (a[1] & b[1])
+    if a[0] == b[0] == "values":
+        return not ({value_key(v) for v in a[1]} & {value_key(v) for v in b[1]})
+    values, types = (a[1], b[1]) if a[0] == "values" else (b[1], a[1])
+    return all(not (_value_types(v) & types) for v in values)
+
+
+def _one_of_as_any_of(schema: JSON) -> None:
+    """``oneOf`` whose branches cannot overlap (disjoint types or values) means ``anyOf``."""
+    for _, sub in iter_subschemas(schema):
+        branches = sub.get("oneOf")
+        if not isinstance(branches, list) or "anyOf" in sub:
+            continue
+        domains = [_domain(b, schema) for b in branches]
+        known = [d for d in domains if d is not None]
+        if len(known) == len(domains) and all(
+            _disjoint(a, b) for i, a in enumerate(known) for b in known[i + 1 :]
+        ):
+            sub["anyOf"] = sub.pop("oneOf")
+
+
+def _distribute_any_of(schema: JSON) -> None:
+    """Copy the assertions beside ``anyOf`` into each branch (A and (B or C) = (A and B) or (A and C)).
+
+    Top-down, and lazily, so that copies are themselves distributed further down. A keyword that
+    cannot be merged into a branch stays beside ``anyOf`` only, where the coverage check finds it.
+    """
+    for _, sub in iter_subschemas(schema):
+        branches = sub.get("anyOf")
+        if not isinstance(branches, list):
+            continue
+        shared = {k: sub[k] for k in assertion_keywords(sub) if k != "anyOf"}
+        for i, branch in enumerate(branches):
+            if branch is True:
+                branches[i] = branch = {}
+            if not isinstance(branch, dict) or _UNEVALUATED & branch.keys():
+                continue
+            for key, value in shared.items():
+                group = next((g for g in _COUPLED if key in g), frozenset({key}))
+                part = {k: shared[k] for k in group if k in shared}
+                if not implied(branch, key, value) and _mergeable(branch, part):
+                    _merge(branch, part)
+
+
+def _explicit_types(schema: JSON) -> None:
+    """An untyped schema with type-specific keywords gets every type spelled out.
+
+    ``{"maximum": 3}`` passes strings; engines that see no ``type`` may infer one from the keywords
+    (unsound) or drop them (imprecise). With all six types listed each keyword applies to its own.
+    """
+    for path, sub in iter_subschemas(schema):
+        if path and "type" not in sub and "$ref" not in sub and _TYPED & sub.keys():
+            sub["type"] = list(JSON_TYPES)
+
+
+def open_containers(schema: JSON) -> None:
+    """Objects without ``properties`` admit any keys, arrays without ``items`` any items: say so.
+
+    Both are JSON Schema defaults (and our object policy) that engines close by default. Not done
+    beside ``unevaluated*``, where an explicit ``true`` would change what counts as evaluated.
+    """
+    for _, sub in iter_subschemas(schema):
+        types = declared_types(sub) or set()
+        open_keys = {"properties", "additionalProperties", "unevaluatedProperties"}
+        if "object" in types and not open_keys & sub.keys():
+            sub["additionalProperties"] = True
+        if "array" in types and not {"items", "unevaluatedItems"} & sub.keys():
+            sub["items"] = True
+
+
+def _declare_required(tool: str, schema: JSON) -> None:
+    """Declare required-but-undeclared property names, in place.
+
+    The declared schema is what JSON Schema applies to that key: ``additionalProperties`` (or any
+    value, when a ``patternProperties`` pattern covers the name, which still applies). Our object
+    policy admits no undeclared property when ``properties`` is given, and engines ignore
+    ``required`` of names they do not know. Under ``additionalProperties: false`` no instance can
+    satisfy such a ``required``: refused rather than silently ignored.
+    """
+    for path, sub in iter_subschemas(schema):
+        required = sub.get("required")
+        if (
+            not isinstance(required, list)
+            or "object" not in (declared_types(sub) or {"object"})
+            or "anyOf" in sub
+        ):
+            continue  # beside 'anyOf', `required` went into the branches (or the coverage check flags it)
+        props = sub.setdefault("properties", {})
+        extra = sub.get("additionalProperties", True)
+        patterns = sub.get("patternProperties", {})
+        for name in (n for n in required if isinstance(n, str) and n not in props):
+            if any(re.search(p, name) for p in patterns):
+                props[name] = {}
+            elif extra is False:
+                raise ToolSchemaError(
+                    tool,
+                    pointer(("parameters", *path, "required")),
+                    f"{name!r} is required but not declared, and additionalProperties is false: "
+                    "no call can satisfy this schema",
+                )
+            else:
+                props[name] = copy.deepcopy(extra) if isinstance(extra, dict) else {}
+
+
+def _at(schema: JSON, path: Sequence[str | int]) -> JSON:
+    for part in path:
+        schema = schema[part]
+    return schema
+
+
+def _filter_values(tool: str, schema: JSON) -> None:
+    """Drop ``enum`` values that the keywords beside them reject (engines ignore those keywords).
+
+    A ``const`` or ``enum`` left without a value admits nothing. An optional property of a closed
+    object with such a schema can never be sent, so it leaves the grammar (exact under our object
+    policy, where an undeclared key is refused; logged at INFO:
+    tool sets in the wild write ``{"type": "boolean", "enum": ["True", "False"]}``); anywhere else
+    the schema is refused.
+    """
+    validator = Draft202012Validator(schema)
+    empty: list[tuple[str | int, ...]] = []
+    for path, sub in iter_subschemas(schema):
+        others = {k: v for k, v in sub.items() if k not in ("enum", "const")}
+        if not ({"enum", "const"} & sub.keys() and assertion_keywords(others)):
+            continue
+        check = validator.evolve(schema=others)
+        try:
+            if isinstance(sub.get("enum"), list):
+                sub["enum"] = [v for v in sub["enum"] if check.is_valid(v)]
+            if not sub.get("enum", True) or ("const" in sub and not check.is_valid(sub["const"])):
+                empty.append(path)
+        except Exception:  # a reference jsonschema cannot follow: left to the engine and coverage check
+            continue
+    for path in empty:
+        try:
+            sub, parent = _at(schema, path), _at(schema, path[:-2])
+        except (KeyError, IndexError):  # inside a property already left out
+            continue
+        closed = parent.get("additionalProperties", False) is False and not parent.get("patternProperties")
+        if path[-2:-1] == ("properties",) and closed and path[-1] not in parent.get("required", []):
+            logger.info("tool %r: %s admits no value; the property is left out", tool, pointer(path))
+            del parent["properties"][path[-1]]
+            continue
+        keyword = "enum" if "enum" in sub else "const"
+        raise ToolSchemaError(
+            tool,
+            pointer(("parameters", *path, keyword)),
+            f"no value of {keyword!r} satisfies the keywords beside it: no call can satisfy this schema",
+        )
+
+
+def search_as_full_match(pattern: str) -> str | None:
+    """A regex whose whole-string match means what ``pattern`` means to JSON Schema (a search).
+
+    Each top-level alternative gets ``[\\s\\S]*`` on the sides it does not anchor, and the whole
+    is anchored, so it also means the same to a validator. None for what no rewrite can keep:
+    anchors inside groups, lookaround, backreferences (engines ignore them).
+    """
+    alternatives: list[tuple[str, bool, bool]] = []
+    body, start, depth, in_class, i = "", False, 0, False, 0
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "\\":
+            if not in_class and pattern[i + 1 : i + 2] in tuple("123456789k"):
+                return None
+            body, i = body + pattern[i : i + 2], i + 2
+            continue
+        if in_class or char == "[":
+            in_class = (char != "]") if in_class else True
+        elif pattern.startswith(("(?=", "(?!", "(?<=", "(?<!"), i):
+            return None
+        elif char in "()":
+            depth += 1 if char == "(" else -1
+        elif char == "|" and depth == 0:
+            alternatives.append((body, start, False))
+            body, start, i = "", False, i + 1
+            continue
+        elif char == "^" and depth == 0 and not body:
+            start, i = True, i + 1
+            continue
+        elif char == "$" and depth == 0 and pattern[i + 1 : i + 2] in ("", "|"):
+            alternatives.append((body, start, True))
+            if i + 1 == len(pattern):
+                break
+            body, start, i = "", False, i + 2
+            continue
+        elif char in "^$":
+            return None
+        body, i = body + char, i + 1
+    else:
+        alternatives.append((body, start, False))
+    pieces = [
+        ("" if s else _ANY_TEXT) + (b if s and e else f"(?:{b})") + ("" if e else _ANY_TEXT)
+        for b, s, e in alternatives
+    ]
+    return f"^{pieces[0]}$" if len(pieces) == 1 else f"^(?:{'|'.join(pieces)})$"
+
+
+def _full_match_patterns(schema: JSON) -> None:
+    """``pattern`` is a search in JSON Schema and a whole-string match in grammar engines."""
+    for _, sub in iter_subschemas(schema):
+        pattern = sub.get("pattern")
+        rewritten = search_as_full_match(pattern) if isinstance(pattern, str) else None
+        if rewritten is not None:
+            sub["pattern"] = rewritten
+
+
+def _drop_formats(schema: JSON) -> None:
+    """``format`` is an annotation in 2020-12; engines that enforce it reject valid strings."""
+    for _, sub in iter_subschemas(schema):
+        sub.pop("format", None)
+
+
+ROOT_DEF = "__root__"
+
+
+"""Where a root schema moves (``#/$defs/__root__``) when ``#`` must keep meaning the original one."""
+
+
+def object_root(schema: dict[str, JSON]) -> None:
+    """Say ``"type": "object"`` at the root: arguments are an object whatever the schema admits.
+
+    Where ``#`` refers to the root, a copy of the root as written moves to ``$defs/__root__``
+    and those references follow it, so that ``#`` keeps admitting what it did. Not beside
+    ``$ref``, where the engines would ignore a type (the target's type decides).
+    """
+    if "$ref" in schema or schema.get("type") == "object":
+        return
+    if any(sub.get("$ref") == "#" for _, sub in iter_subschemas(schema)):
+        original = copy.deepcopy({k: v for k, v in schema.items() if k not in ("$defs", "definitions")})
+        defs = schema.setdefault("$defs", {})
+        name = ROOT_DEF
+        while name in defs:
+            name += "_"
+        defs[name] = original
+        for _, sub in iter_subschemas(schema):
+            if sub.get("$ref") == "#":
+                sub["$ref"] = f"#/$defs/{name}"
+    schema["type"] = "object"
+
+
+def make_explicit(tool: str, schema: JSON) -> None:
+    """Apply every exact rewrite above to a tool's parameters, in place, in dependency order."""
+    _merge_all_of(schema)
+    _one_of_as_any_of(schema)
+    _distribute_any_of(schema)
+    _explicit_types(schema)
+    open_containers(schema)
+    _declare_required(tool, schema)
+    _filter_values(tool, schema)
+    _full_match_patterns(schema)
+    _drop_formats(schema)

@@ -1,0 +1,190 @@
+"""Tool definitions -> one normalised JSON Schema per tool, within the limits.
+
+Accepts OpenAI tool definitions (``{"type": "function", "function": {...}}``), bare function
+definitions and the Berkeley Function Calling Leaderboard dialect (``dict``, ``float``, ``tuple``,
+``any``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from collections.abc import Mapping, Sequence
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from hermes_vllm.schema.rewrite import (
+    make_explicit,
+    object_root,
+)
+from hermes_vllm.schema.spec import JSON, ToolSchemaError, ToolSpec, pointer
+from hermes_vllm.schema.tree import depth, iter_subschemas, resolve_ref
+from hermes_vllm.settings import Limits, get_limits
+
+logger = logging.getLogger(__name__)
+
+
+_BFCL_TYPES = {"dict": "object", "float": "number", "tuple": "array"}
+
+
+def bfcl_to_json_schema(schema: JSON) -> JSON:
+    """Rewrite BFCL type names (``dict``, ``float``, ``tuple``, ``any``) to JSON Schema, in place."""
+    for _, sub in list(iter_subschemas(schema)):
+        kind = sub.get("type")
+        if kind == "any":
+            del sub["type"]
+        elif isinstance(kind, str) and kind in _BFCL_TYPES:
+            sub["type"] = _BFCL_TYPES[kind]
+        elif isinstance(kind, list):
+            sub["type"] = [_BFCL_TYPES.get(k, k) for k in kind if k != "any"] or None
+            if sub["type"] is None:
+                del sub["type"]
+    return schema
+
+
+def _check_refs(tool: str, schema: JSON) -> None:
+    """Every ``$ref`` must be a local JSON pointer (or ``#``) that resolves inside the tool."""
+    for path, sub in iter_subschemas(schema):
+        ref = sub.get("$ref")
+        if ref is None:
+            continue
+        where = pointer(("parameters", *path, "$ref"))
+        if not isinstance(ref, str) or not ref.startswith("#"):
+            raise ToolSchemaError(tool, where, f"only local references ('#/...') are supported, got {ref!r}")
+        try:
+            resolve_ref(schema, ref)
+        except LookupError:
+            raise ToolSchemaError(
+                tool, where, f"reference {ref!r} does not resolve inside the tool's schema"
+            ) from None
+
+
+def _check_bounds(tool: str, schema: JSON, limits: Limits) -> None:
+    for path, sub in iter_subschemas(schema):
+        for key in ("minLength", "maxLength"):
+            bound = sub.get(key)
+            if isinstance(bound, int) and bound > limits.max_string_length_bound:
+                raise ToolSchemaError(
+                    tool,
+                    pointer(("parameters", *path, key)),
+                    f"{bound} exceeds the limit of {limits.max_string_length_bound} "
+                    "(HERMES_VLLM_MAX_STRING_LENGTH_BOUND)",
+                )
+        enum = sub.get("enum")
+        if isinstance(enum, list) and len(enum) > limits.max_enum_values:
+            raise ToolSchemaError(
+                tool,
+                pointer(("parameters", *path, "enum")),
+                f"{len(enum)} values exceed the limit of {limits.max_enum_values} "
+                "(HERMES_VLLM_MAX_ENUM_VALUES)",
+            )
+
+
+def _function_of(raw: JSON, index: int) -> Mapping[str, JSON]:
+    if hasattr(raw, "model_dump"):
+        raw = raw.model_dump(exclude_none=True)
+    if not isinstance(raw, Mapping):
+        raise ToolSchemaError(None, f"tools[{index}]", f"expected an object, got {type(raw).__name__}")
+    if "function" in raw:
+        if raw.get("type", "function") != "function":
+            raise ToolSchemaError(
+                None, f"tools[{index}].type", f"only 'function' tools are supported, got {raw.get('type')!r}"
+            )
+        fn = raw["function"]
+        if not isinstance(fn, Mapping):
+            raise ToolSchemaError(None, f"tools[{index}].function", "expected an object")
+        return fn
+    return raw
+
+
+def normalize_tool(raw: JSON, index: int = 0, limits: Limits | None = None) -> ToolSpec:
+    """One tool definition (OpenAI, bare or BFCL) -> :class:`ToolSpec`, or a :class:`ToolSchemaError`."""
+    limits = limits or get_limits()
+    fn = _function_of(raw, index)
+    name = fn.get("name")
+    if not isinstance(name, str) or not name:
+        raise ToolSchemaError(None, f"tools[{index}].function.name", "a non-empty string is required")
+    if len(name) > limits.max_name_length:
+        raise ToolSchemaError(
+            name[:40] + "...", "name", f"{len(name)} characters exceed the limit of {limits.max_name_length}"
+        )
+    if any(ord(c) < 32 for c in name):
+        raise ToolSchemaError(name, "name", "control characters are not allowed in a tool name")
+    params = fn.get("parameters")
+    if params is None:
+        params = {"type": "object"}
+    if isinstance(params, str):
+        try:
+            params = json.loads(params)
+        except json.JSONDecodeError as err:
+            raise ToolSchemaError(name, "parameters", f"not valid JSON: {err}") from None
+    if params is True:
+        params = {"type": "object"}
+    if not isinstance(params, dict):
+        raise ToolSchemaError(
+            name, "parameters", f"expected a JSON Schema object, got {type(params).__name__}"
+        )
+    params = bfcl_to_json_schema(copy.deepcopy(params))
+    if depth(params, limits.max_schema_depth) > 2 * limits.max_schema_depth:
+        raise ToolSchemaError(
+            name,
+            "parameters",
+            f"nesting deeper than {limits.max_schema_depth} levels (HERMES_VLLM_MAX_SCHEMA_DEPTH)",
+        )
+    try:
+        Draft202012Validator.check_schema(params)
+    except SchemaError as err:
+        path = pointer(("parameters", *err.absolute_path))
+        raise ToolSchemaError(name, path, f"not a valid JSON Schema: {err.message}") from None
+    kind = params.get("type", "object")
+    if kind != "object" and not (isinstance(kind, list) and "object" in kind):
+        raise ToolSchemaError(
+            name, "parameters.type", f"the arguments of a call are a JSON object, got type {kind!r}"
+        )
+    object_root(params)
+    _check_refs(name, params)
+    _check_bounds(name, params, limits)
+    make_explicit(name, params)
+    _check_refs(name, params)
+    description = fn.get("description")
+    return ToolSpec(
+        name=name, parameters=params, description=description if isinstance(description, str) else ""
+    )
+
+
+def normalize_tools(tools: Sequence[JSON] | None, limits: Limits | None = None) -> tuple[ToolSpec, ...]:
+    """A request's tool list -> specs, refusing duplicates and lists beyond the limits."""
+    limits = limits or get_limits()
+    if tools is None:
+        return ()
+    if isinstance(tools, (str, bytes)) or not isinstance(tools, Sequence):
+        raise ToolSchemaError(None, "", f"tools must be a list, got {type(tools).__name__}")
+    if len(tools) > limits.max_tools:
+        raise ToolSchemaError(
+            None, "", f"{len(tools)} tools exceed the limit of {limits.max_tools} (HERMES_VLLM_MAX_TOOLS)"
+        )
+    specs = tuple(normalize_tool(t, i, limits) for i, t in enumerate(tools))
+    seen: set[str] = set()
+    for spec in specs:
+        if spec.name in seen:
+            raise ToolSchemaError(spec.name, "name", "defined more than once; tool names must be unique")
+        seen.add(spec.name)
+    size = len(canonical_json([s.parameters for s in specs]))
+    if size > limits.max_schema_bytes:
+        raise ToolSchemaError(
+            None,
+            "",
+            f"{size} bytes of schema exceed the limit of {limits.max_schema_bytes} "
+            "(HERMES_VLLM_MAX_SCHEMA_BYTES)",
+        )
+    return specs
+
+
+def canonical_json(value: JSON) -> str:
+    """Compact, key-order-preserving JSON: the form cache keys and fingerprints are made of.
+
+    Key order is kept, not sorted: declared property order is part of the grammar.
+    """
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
