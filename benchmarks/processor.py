@@ -1,0 +1,280 @@
+"""Per-step cost of the logits processor (V1 adapter, real vLLM batch objects), by batch size and span share.
+
+Each row commits one token per step: rows "in a span" sit inside a tool call's string argument
+(the expensive case: the grammar masks), the others write free text (the mask allows everything
+and the row must be left alone). The figure reported is microseconds per row per step, with the
+cost of rewriting the batch's logits once (``copy_``) measured alongside as the yardstick.
+
+With ``--e2e``, it also serves the tiny model three times and measures output tokens/s at N
+concurrent tool-call requests (default 16): our processor off (vLLM's ``hermes`` parser, no
+constraint), on (``hermes_vllm``), and vLLM's own structural-tag constraint
+(``--tool-call-parser hermes --tool-strict-level parameter``), each figure a ratio to "off".
+
+Usage: python benchmarks/processor.py [--tokenizer mistral-v1|tekken] [--steps 30] [--e2e] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+IN_SPAN_PREFIX = '<tool_call>{"name": "get_weather", "arguments": {"city": "Pa'
+FREE_PREFIX = "Sure, let me think about that"
+
+
+def measure(
+    tokenizer_name: str, batch_sizes: list[int], shares: list[float], steps: int
+) -> list[dict[str, Any]]:
+    import torch
+    from transformers import AutoTokenizer
+    from vllm import SamplingParams
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.sample.logits_processor import BatchUpdate
+
+    from hermes_vllm import constraint_args
+    from hermes_vllm.processor.v1 import V1ToolCallLogitsProcessor
+    from hermes_vllm.testing import tiny_model_path
+
+    model = tiny_model_path(tokenizer_name)  # type: ignore[arg-type]
+    tok = AutoTokenizer.from_pretrained(str(model))
+    config = EngineArgs(
+        model=str(model), dtype="float32", enforce_eager=True, max_model_len=4096
+    ).create_engine_config()
+    width = config.model_config.get_vocab_size()
+    span_prefix = tok.encode(IN_SPAN_PREFIX, add_special_tokens=False)
+    free_prefix = tok.encode(FREE_PREFIX, add_special_tokens=False)
+    in_string = tok.encode("x", add_special_tokens=False)[-1]
+    free_word = tok.encode(" word", add_special_tokens=False)[-1]
+    args = constraint_args(TOOLS)
+    results = []
+    for batch in batch_sizes:
+        for share in shares:
+            proc = V1ToolCallLogitsProcessor(config, torch.device("cpu"), False)
+            n_span = round(batch * share)
+            outputs = [list(span_prefix if i < n_span else free_prefix) for i in range(batch)]
+            added = [(i, SamplingParams(extra_args=args), None, outputs[i]) for i in range(batch)]
+            proc.update_state(BatchUpdate(batch, [], added, []))
+            logits = torch.randn(batch, width)
+            proc.apply(logits)  # first step: compiles (cached afterwards) and replays the prefixes
+            fresh = logits.clone()
+            samples, baseline = [], []
+            for _ in range(steps):
+                for i, out in enumerate(outputs):
+                    out.append(in_string if i < n_span else free_word)
+                start = time.perf_counter()
+                logits.copy_(fresh)
+                baseline.append(time.perf_counter() - start)
+                start = time.perf_counter()
+                proc.apply(logits)
+                samples.append(time.perf_counter() - start)
+            step_us = statistics.median(samples) * 1e6
+            results.append(
+                {
+                    "tokenizer": tokenizer_name,
+                    "vocab": width,
+                    "batch": batch,
+                    "span_share": share,
+                    "step_us_p50": round(step_us, 1),
+                    "us_per_row": round(step_us / batch, 2),
+                    "rewrite_logits_us_p50": round(statistics.median(baseline) * 1e6, 1),
+                }
+            )
+            print(json.dumps(results[-1]), flush=True)
+    return results
+
+
+E2E_SERVERS: dict[str, tuple[str, ...]] = {
+    "off": ("--enable-auto-tool-choice", "--tool-call-parser", "hermes"),
+    "hermes_vllm": ("--enable-auto-tool-choice", "--tool-call-parser", "hermes_vllm"),
+    "vllm_strict": (
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "hermes",
+        "--tool-strict-level",
+        "parameter",
+    ),
+}
+
+
+def end_to_end(tokenizer_name: str, concurrency: int, rounds: int, max_tokens: int) -> list[dict[str, Any]]:
+    """Output tokens/s of ``concurrency`` simultaneous tool requests, per server configuration."""
+    import asyncio
+
+    from openai import AsyncOpenAI
+    from transformers import AutoTokenizer
+
+    from hermes_vllm.demo import WEATHER_TOOL
+    from hermes_vllm.testing import tiny_model_path
+    from hermes_vllm.testing.bias import call_bias
+    from hermes_vllm.testing.server import CPU_ARGS, CPU_ENV, openai_server
+
+    model = str(tiny_model_path(tokenizer_name))  # type: ignore[arg-type]
+    bias = {str(k): v for k, v in call_bias(AutoTokenizer.from_pretrained(model)).items()}
+
+    async def burst(url: str) -> tuple[int, float]:
+        client = AsyncOpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600)
+        slots = asyncio.Semaphore(concurrency)
+
+        async def one(seed: int) -> int:
+            async with slots:
+                reply = await client.chat.completions.create(
+                    model=model,
+                    messages=[{"role": "user", "content": "Weather in Paris?"}],
+                    tools=[WEATHER_TOOL],  # type: ignore[list-item]
+                    max_tokens=max_tokens,
+                    temperature=1.0,
+                    seed=seed,
+                    extra_body={"logit_bias": bias, "ignore_eos": True},
+                )
+            return reply.usage.completion_tokens if reply.usage else 0
+
+        await asyncio.gather(*(one(i) for i in range(concurrency)))  # warm-up: compiles, caches
+        start = time.perf_counter()
+        counts = await asyncio.gather(
+            *(one(r * concurrency + i) for r in range(rounds) for i in range(concurrency))
+        )
+        return sum(counts), time.perf_counter() - start
+
+    # Two passes in opposite orders, so drift in the machine's load hits every configuration alike.
+    samples: dict[str, list[tuple[int, float]]] = {name: [] for name in E2E_SERVERS}
+    for order in (list(E2E_SERVERS), list(reversed(E2E_SERVERS))):
+        for name in order:
+            with openai_server(model, (*E2E_SERVERS[name], *CPU_ARGS), CPU_ENV) as url:
+                samples[name].append(asyncio.run(burst(url)))
+            print(
+                json.dumps(
+                    {"server": name, "tok_per_s": round(samples[name][-1][0] / samples[name][-1][1], 1)}
+                )
+            )
+    results = []
+    for name, runs in samples.items():
+        tokens, seconds = sum(t for t, _ in runs), sum(s for _, s in runs)
+        results.append(
+            {
+                "server": name,
+                "tokens": tokens,
+                "seconds": round(seconds, 2),
+                "tok_per_s": round(tokens / seconds, 1),
+            }
+        )
+    off = results[0]["tok_per_s"]
+    for r in results:
+        r["x_off"] = round(r["tok_per_s"] / off, 3)
+    print(json.dumps(results), flush=True)
+    return results
+
+
+def first_token(tokenizer_name: str, samples: int) -> dict[str, Any]:
+    """What a request sees when its call opens before its grammar is compiled.
+
+    ``required`` requests open their call at the first token, so they wait for the compile:
+    one-token requests with a new tool set each time (cold) against the same tool set (cached).
+    """
+    from vllm import SamplingParams
+
+    from hermes_vllm import constraint_args
+    from hermes_vllm.testing import tiny_model_path
+    from hermes_vllm.testing.corpus import bfcl_files, load_bfcl
+    from hermes_vllm.testing.engine import offline_llm
+
+    llm = offline_llm(tiny_model_path(tokenizer_name))  # type: ignore[arg-type]
+    sets = [case.tools for path in bfcl_files() if "multiple" in path.name for case in load_bfcl(path)]
+
+    def once(tools: list[dict[str, Any]]) -> float:
+        params = SamplingParams(max_tokens=1, extra_args=constraint_args(tools, "required"))
+        start = time.perf_counter()
+        llm.generate(["<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"], params, use_tqdm=False)
+        return (time.perf_counter() - start) * 1e3
+
+    once(sets[0])
+    cold = [once(sets[1 + i]) for i in range(samples)]
+    cached = [once(sets[1]) for _ in range(samples)]
+    plain = []
+    for _ in range(samples):
+        start = time.perf_counter()
+        llm.generate(["hi"], SamplingParams(max_tokens=1), use_tqdm=False)
+        plain.append((time.perf_counter() - start) * 1e3)
+    result = {
+        "tokenizer": tokenizer_name,
+        "first_token_ms_p50": {
+            "new_tool_set": round(statistics.median(cold), 1),
+            "cached_tool_set": round(statistics.median(cached), 1),
+            "no_tools": round(statistics.median(plain), 1),
+        },
+    }
+    print(json.dumps(result), flush=True)
+    return result
+
+
+def plot(results: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for share in sorted({r["span_share"] for r in results}):
+        rows = [r for r in results if r["span_share"] == share]
+        ax.plot(
+            [r["batch"] for r in rows],
+            [r["us_per_row"] for r in rows],
+            marker="o",
+            label=f"{share:.0%} rows in a call",
+        )
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("processor us / row / step")
+    ax.set_title(f"hermes-vllm processor cost ({results[0]['tokenizer']}, vocab {results[0]['vocab']})")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokenizer", default="tekken", choices=["mistral-v1", "tekken"])
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64, 256])
+    parser.add_argument("--share", type=float, nargs="+", default=[0.0, 0.25, 1.0])
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--e2e", action="store_true", help="also measure served tokens/s (three servers)")
+    parser.add_argument("--first-token", action="store_true", help="also measure the compile wait")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    args = parser.parse_args()
+    results = measure(args.tokenizer, args.batch, args.share, args.steps)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / f"processor-{args.tokenizer}"
+    report: dict[str, Any] = {"per_step": results}
+    if args.first_token:
+        report["first_token"] = first_token(args.tokenizer, 15)
+    if args.e2e:
+        report["end_to_end"] = end_to_end(args.tokenizer, args.concurrency, args.rounds, args.max_tokens)
+    stem.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    plot(results, stem.with_suffix(".png"))
+
+
+if __name__ == "__main__":
+    main()

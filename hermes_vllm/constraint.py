@@ -1,0 +1,102 @@
+"""What a request carries to ask for tool-call constraints: ``SamplingParams.extra_args``.
+
+The tool parser fills it from ``vllm_xargs`` on the server; offline users call
+:func:`constraint_args`. ``vllm_xargs`` only carries str/int/float/list values, so the whole
+constraint travels as one JSON string under one key.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from hermes_vllm.dialect import DEFAULT_DIALECT, available_dialects
+from hermes_vllm.schema import Coverage
+
+ARGS_KEY = "hermes_vllm"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ConstraintRequest:
+    """A request's tool constraint, decoded from ``extra_args``."""
+
+    tools: tuple[Any, ...]
+    tool_choice: Any
+    parallel_tool_calls: bool
+    dialect: str
+    coverage: Coverage
+    raw: str
+    """The JSON it came from: equal strings mean equal constraints (a cheap cache key)."""
+
+
+def constraint_args(
+    tools: Sequence[Any],
+    tool_choice: Any = "auto",
+    parallel_tool_calls: bool = True,
+    dialect: str = DEFAULT_DIALECT,
+    coverage: Coverage = "strict",
+) -> dict[str, str]:
+    """``extra_args`` that make the hermes-vllm logits processor constrain this request.
+
+    Pass the result as ``SamplingParams(extra_args=...)`` offline, or as ``vllm_xargs`` over HTTP.
+    """
+    payload = {
+        "v": FORMAT_VERSION,
+        "tools": [t.model_dump(exclude_none=True) if hasattr(t, "model_dump") else t for t in tools],
+        "tool_choice": tool_choice.model_dump(exclude_none=True)
+        if hasattr(tool_choice, "model_dump")
+        else tool_choice,
+        "parallel_tool_calls": bool(parallel_tool_calls),
+        "dialect": dialect,
+        "coverage": coverage,
+    }
+    return {ARGS_KEY: json.dumps(payload, ensure_ascii=False, separators=(",", ":"))}
+
+
+def has_constraint(extra_args: Mapping[str, Any] | None) -> bool:
+    """Cheap check used on every request: does it ask for constraints at all?"""
+    return bool(extra_args) and ARGS_KEY in extra_args  # type: ignore[operator]
+
+
+@lru_cache(maxsize=1024)
+def _decode(raw: str) -> ConstraintRequest:
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{ARGS_KEY}: not valid JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{ARGS_KEY}: expected a JSON object, got {type(data).__name__}")
+    if data.get("v") != FORMAT_VERSION:
+        raise ValueError(
+            f"{ARGS_KEY}: unsupported format version {data.get('v')!r} (expected {FORMAT_VERSION})"
+        )
+    tools = data.get("tools")
+    if not isinstance(tools, list):
+        raise ValueError(f"{ARGS_KEY}.tools: expected a list of tool definitions")
+    dialect = data.get("dialect", DEFAULT_DIALECT)
+    if dialect not in available_dialects():
+        raise ValueError(
+            f"{ARGS_KEY}.dialect: unknown dialect {dialect!r}; "
+            f"choose one of {', '.join(available_dialects())}"
+        )
+    parallel = data.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise ValueError(f"{ARGS_KEY}.parallel_tool_calls: expected true or false, got {parallel!r}")
+    coverage = data.get("coverage", "strict")
+    if coverage not in ("strict", "lenient"):
+        raise ValueError(f"{ARGS_KEY}.coverage: expected 'strict' or 'lenient', got {coverage!r}")
+    return ConstraintRequest(tuple(tools), data.get("tool_choice", "auto"), parallel, dialect, coverage, raw)
+
+
+def parse_constraint(extra_args: Mapping[str, Any] | None) -> ConstraintRequest | None:
+    """The request's constraint, ``None`` when it has none; ``ValueError`` when malformed."""
+    if not has_constraint(extra_args):
+        return None
+    raw = extra_args[ARGS_KEY]  # type: ignore[index]
+    if not isinstance(raw, str):
+        raise ValueError(f"{ARGS_KEY}: expected a JSON string, got {type(raw).__name__}")
+    return _decode(raw)

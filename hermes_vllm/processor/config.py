@@ -1,0 +1,56 @@
+"""Build a :class:`ConstraintCore` from vLLM's engine config, and announce it to the frontend."""
+
+from __future__ import annotations
+
+import logging
+import os
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from hermes_vllm.processor import handshake
+from hermes_vllm.processor.core import ConstraintCore
+
+if TYPE_CHECKING:
+    import torch
+    from vllm.config import VllmConfig
+
+logger = logging.getLogger(__name__)
+
+ENGINE_ENV = "HERMES_VLLM_ENGINE"
+
+
+def engine_name() -> str:
+    """The grammar engine this server uses: ``$HERMES_VLLM_ENGINE``, by default ``auto``."""
+    return os.environ.get(ENGINE_ENV, "auto")
+
+
+def _load_tokenizer(vllm_config: VllmConfig) -> Any:
+    from vllm.tokenizers import cached_tokenizer_from_config
+
+    return cached_tokenizer_from_config(vllm_config.model_config)
+
+
+def core_for_config(vllm_config: VllmConfig, runner: str, device: torch.device) -> ConstraintCore | None:
+    """The core for this engine, or ``None`` where constraints cannot hold.
+
+    In the ``None`` case the frontend is told why, and refuses constrained requests with that
+    reason (HTTP 400) while the server keeps serving everything else.
+    """
+    if vllm_config.speculative_config is not None:
+        reason = (
+            "speculative decoding is enabled, and hermes-vllm cannot constrain draft tokens; "
+            "serve tool calls without --speculative-config"
+        )
+        handshake.announce(runner, reason)
+        logger.warning("hermes-vllm: %s", reason)
+        return None
+    model_config = vllm_config.model_config
+    core = ConstraintCore(
+        partial(_load_tokenizer, vllm_config),
+        model_config.get_vocab_size(),
+        engine_name(),
+        device.type == "cuda",
+    )
+    handshake.announce(runner)
+    logger.info("hermes-vllm tool-call constraints active (%s runner, %s engine)", runner, core.engine)
+    return core

@@ -1,0 +1,343 @@
+"""The batch core shared by both runners' adapters: per-row gates and matchers, one bitmask a step.
+
+Rows are keyed by whatever the adapter uses (V1: batch index, V2: request slot). Each step the
+adapter hands over each constrained row's newly committed tokens; the core advances the row, fills
+the bitmask rows that need it, and applies them in place. Rows whose mask would allow every token
+are left untouched.
+
+Outside tool calls the grammar allows every token, so in ``auto`` mode a row runs a cheap *gate*
+instead of the grammar engine (xgrammar costs several microseconds a token even in free text):
+tokens that cannot touch a tag (a numpy lookup) are skipped; the others are read with the same
+span reader the parsers use (:func:`hermes_vllm.spans.split_spans`). The engine is switched on when
+a call tag has begun (or may be completed by the next token) and off again at the next *clean
+point*: free text, no span open, no tag begun. From a clean point the grammar is back in its
+initial state, so a fresh matcher fed the tokens since the last clean point is exact. Modes whose
+free text is itself constrained (``required``, ``none``, one call at most after it was made) run the
+engine throughout. A vocabulary with a token holding a whole call tag plus more text disables the
+gate, since that token could open an invalid call in one step.
+
+Compiles start when a request is admitted and run on a background pool; a row waits for its
+grammar only when the engine is switched on. What a row is masked with never depends on whether
+its compile had finished, so every tensor-parallel worker applies the same masks.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import torch
+import xgrammar as xgr
+
+from hermes_vllm.constraint import ConstraintRequest, parse_constraint
+from hermes_vllm.dialect import Dialect
+from hermes_vllm.grammar import GrammarCompileError, ToolGrammarCompiler
+from hermes_vllm.grammar.compiler import CompiledToolGrammar, PreparedTurn, ToolCallMatcher, prepare_turn
+from hermes_vllm.grammar.engines import get_engine_class
+from hermes_vllm.grammar.engines.base import EngineGrammar, allocate_bitmask
+from hermes_vllm.settings import get_limits
+from hermes_vllm.spans import partial_tag_suffix, split_spans
+
+logger = logging.getLogger(__name__)
+
+# From this many rows needing the engine, filling them in one multi-threaded call beats
+# per-row fills that can skip all-allowed rows.
+BATCH_FILL_MIN = 8
+
+
+def validate_request(extra_args: Any, engine: str) -> ConstraintRequest | None:
+    """Frontend check of a request's constraint (no tokenizer needed); ``ValueError`` -> HTTP 400."""
+    request = parse_constraint(extra_args)
+    if request is None:
+        return None
+    engine_cls = get_engine_class(engine)
+    prepared = prepare_turn(
+        list(request.tools), request.tool_choice, request.parallel_tool_calls, request.dialect,
+        request.coverage, engine_cls, get_limits(),
+    )  # fmt: skip
+    engine_cls.check(prepared.spec)
+    return request
+
+
+@dataclass
+class RowState:
+    """One constrained request's progress."""
+
+    request: ConstraintRequest
+    prepared: PreparedTurn
+    future: Future[EngineGrammar]
+    stop_ids: tuple[int, ...]
+    gated: bool
+    """Whether the row may leave the engine off outside calls (``auto`` mode)."""
+    matcher: ToolCallMatcher | None = None
+    """The engine's matcher while switched on; ``None`` while the gate alone watches the row."""
+    consumed: int = 0
+    """Output tokens already seen."""
+    pending: list[int] = field(default_factory=list)
+    """Tokens since the last clean point: replayed into a fresh matcher when the engine switches on."""
+    text: str = ""
+    """Those tokens' bytes (latin-1, one char a byte: tags are ASCII)."""
+    watch: bytes = b""
+    """While gated: only tokens holding one of these bytes can change anything (empty: check all)."""
+    failed: str | None = None
+
+    @property
+    def dialect(self) -> Dialect:
+        return self.prepared.spec.dialect
+
+
+class ConstraintCore:
+    """Per-row state and the step's bitmask for one engine process."""
+
+    def __init__(
+        self,
+        tokenizer_loader: Callable[[], Any],
+        vocab_size: int,
+        engine: str = "xgrammar",
+        pin_memory: bool = False,
+    ) -> None:
+        self._tokenizer_loader = tokenizer_loader
+        self.vocab_size = vocab_size
+        self.engine = engine
+        self.pin_memory = pin_memory
+        self.bitmask = allocate_bitmask(1, vocab_size, pin_memory)
+        self._holds_byte: dict[int, np.ndarray] = {}
+        self._watched: dict[bytes, np.ndarray] = {}
+        self._straddling: dict[str, bool] = {}
+
+    @cached_property
+    def compiler(self) -> ToolGrammarCompiler:
+        """Built on first use: loading a 150k-token vocabulary is not free."""
+        return ToolGrammarCompiler(self._tokenizer_loader(), engine=self.engine, vocab_size=self.vocab_size)
+
+    @cached_property
+    def _decoded(self) -> list[str]:
+        """Each token's bytes as a latin-1 string."""
+        return [b.decode("latin-1") for b in self.compiler.vocab.decoded]
+
+    @cached_property
+    def _byte_index(self) -> tuple[np.ndarray, np.ndarray]:
+        """All tokens' bytes concatenated, and the token each byte belongs to."""
+        decoded = self.compiler.vocab.decoded
+        blob = np.frombuffer(b"".join(decoded), dtype=np.uint8)
+        owner = np.repeat(np.arange(len(decoded)), [len(b) for b in decoded])
+        return blob, owner
+
+    def _tokens_holding(self, watch: bytes) -> np.ndarray:
+        """Boolean array over the vocabulary: does the token hold any byte of ``watch``?"""
+        out = np.zeros(len(self._decoded), dtype=bool)
+        for byte in watch:
+            if byte not in self._holds_byte:
+                blob, owner = self._byte_index
+                hit = np.zeros(len(self._decoded), dtype=bool)
+                hit[owner[blob == byte]] = True
+                self._holds_byte[byte] = hit
+            out |= self._holds_byte[byte]
+        return out
+
+    def _gate_allowed(self, dialect: Dialect) -> bool:
+        """False when some token holds a whole call tag followed by more text (see module doc)."""
+        trigger = dialect.tool_call.begin
+        if trigger not in self._straddling:
+            self._straddling[trigger] = any(trigger in t and not t.endswith(trigger) for t in self._decoded)
+        return not self._straddling[trigger]
+
+    def admit(self, extra_args: Any, stop_token_ids: Sequence[int]) -> RowState | None:
+        """Start constraining a request entering the batch; ``None`` when it asks for nothing."""
+        request = parse_constraint(extra_args)
+        if request is None:
+            return None
+        prepared = self.compiler.prepare(
+            list(request.tools),
+            request.tool_choice,
+            request.parallel_tool_calls,
+            request.dialect,
+            request.coverage,
+        )
+        stops = tuple(dict.fromkeys((*self.compiler.vocab.stop_token_ids, *stop_token_ids)))
+        gated = prepared.spec.mode == "auto" and self._gate_allowed(prepared.spec.dialect)
+        state = RowState(request, prepared, self.compiler.submit(prepared), stops, gated)
+        if gated:
+            state.watch = self._begin_bytes(state.dialect)
+        return state
+
+    @staticmethod
+    def _begin_bytes(dialect: Dialect) -> bytes:
+        return bytes({ord(p.begin[0]) for p in (dialect.tool_call, *dialect.free_spans)})
+
+    def advance(self, state: RowState, new_tokens: Sequence[int]) -> None:
+        """Feed a row the tokens committed since the last step."""
+        if not new_tokens:
+            return
+        state.consumed += len(new_tokens)
+        if state.failed is not None:
+            return
+        if not state.gated:
+            self._feed_engine(state, new_tokens)
+            return
+        if state.matcher is not None:
+            self._feed_engine(state, new_tokens)
+        if state.watch:
+            holds = self._watch_array(state.watch)
+            if not any(holds[t] for t in new_tokens if 0 <= t < len(holds)):
+                # Nothing a tag could be made of: the row's situation is unchanged.
+                if state.pending or state.matcher is not None:
+                    state.pending.extend(new_tokens)
+                    state.text += "".join(self._decoded[t] for t in new_tokens)
+                return
+        state.pending.extend(new_tokens)
+        state.text += "".join(self._decoded[t] for t in new_tokens if 0 <= t < len(self._decoded))
+        self._regate(state)
+
+    def _watch_array(self, watch: bytes) -> np.ndarray:
+        if watch not in self._watched:
+            self._watched[watch] = self._tokens_holding(watch)
+        return self._watched[watch]
+
+    def _regate(self, state: RowState) -> None:
+        """Decide from the text since the last clean point whether the engine must run."""
+        d = state.dialect
+        spans = split_spans(state.text, d)
+        last = spans[-1] if spans else None
+        calls = sum(s.kind == "call" for s in spans)
+        if last is not None and not last.closed:
+            if last.kind == "call":
+                self._switch_on(state)
+            # Inside a call or a reasoning/hidden span, only its end tag changes the situation.
+            assert last.tags is not None
+            end = last.tags.end
+            state.watch = b"" if partial_tag_suffix(state.text, (end,)) else end[:1].encode()
+            return
+        if partial_tag_suffix(state.text, (d.tool_call.begin,)):
+            self._switch_on(state)
+            state.watch = b""
+            return
+        if partial_tag_suffix(state.text, tuple(p.begin for p in d.free_spans)):
+            state.watch = b""
+            return
+        if calls and not state.prepared.spec.parallel:
+            # The one allowed call is made: the engine keeps refusing another to the end.
+            state.gated = False
+            self._switch_on(state)
+            return
+        # A clean point: the grammar is in its initial state again.
+        state.pending.clear()
+        state.text = ""
+        state.matcher = None
+        state.watch = self._begin_bytes(d)
+
+    def _switch_on(self, state: RowState) -> None:
+        """Engine on: a fresh matcher replays the tokens since the last clean point."""
+        if state.matcher is not None:
+            return
+        compiled = self._compiled(state)
+        if compiled is None:
+            return
+        state.matcher = compiled.matcher(state.stop_ids)
+        self._feed_engine(state, state.pending)
+
+    def _compiled(self, state: RowState) -> CompiledToolGrammar | None:
+        try:
+            return self.compiler.result(state.prepared, state.future)
+        except GrammarCompileError as err:
+            self._fail(state, str(err))
+            return None
+
+    def _feed_engine(self, state: RowState, tokens: Sequence[int]) -> None:
+        if state.matcher is None:
+            compiled = self._compiled(state)
+            if compiled is None:
+                return
+            state.matcher = compiled.matcher(state.stop_ids)
+        for token in tokens:
+            if not state.matcher.accept_token(token):
+                self._fail(state, f"sampled token {token} is outside the grammar")
+                return
+
+    def _fail(self, state: RowState, reason: str) -> None:
+        """Stop the row: from now on only its stop tokens are allowed, never unconstrained text."""
+        logger.error("hermes-vllm: ending a constrained request: %s", reason)
+        state.failed = reason
+        state.matcher = None
+        state.pending = []
+
+    def step(
+        self, logits: torch.Tensor, updates: Sequence[tuple[int, RowState, Sequence[int]]]
+    ) -> torch.Tensor:
+        """Advance every row by its new tokens, then mask ``logits`` in place.
+
+        ``updates`` holds ``(logits_row, state, tokens committed since the last step)``. Gated rows
+        in clean free text that received one token are checked against the gate in one vectorised
+        lookup: the common case costs no Python work beyond this loop.
+        """
+        quiet: dict[bytes, list[tuple[RowState, int]]] = {}
+        for _, state, tokens in updates:
+            if (
+                len(tokens) == 1
+                and state.gated
+                and state.matcher is None
+                and state.watch
+                and not state.pending
+            ):
+                quiet.setdefault(state.watch, []).append((state, tokens[0]))
+            else:
+                self.advance(state, tokens)
+        for watch, group in quiet.items():
+            holds = self._watch_array(watch)
+            ids = np.fromiter((t for _, t in group), dtype=np.int64, count=len(group))
+            hits = holds[np.clip(ids, 0, len(holds) - 1)] | (ids < 0) | (ids >= len(holds))
+            for (state, token), hit in zip(group, hits.tolist(), strict=True):
+                if hit:
+                    self.advance(state, (token,))
+                else:
+                    state.consumed += 1
+        return self.mask(logits, [(row, state) for row, state, _ in updates])
+
+    def mask(self, logits: torch.Tensor, rows: Sequence[tuple[int, RowState]]) -> torch.Tensor:
+        """Fill the step's bitmask for ``(logits_row, state)`` pairs and apply it in place."""
+        masked = self.fill(rows, logits.shape[1])
+        if masked:
+            bitmask = self.bitmask[: max(masked) + 1]
+            if logits.device.type != "cpu":
+                bitmask = bitmask.to(logits.device, non_blocking=True)
+            xgr.apply_token_bitmask_inplace(logits, bitmask, indices=masked)
+        return logits
+
+    def fill(self, rows: Sequence[tuple[int, RowState]], width: int) -> list[int]:
+        """Fill ``self.bitmask`` for ``(logits_row, state)`` pairs; return the rows to mask."""
+        self._ensure_bitmask(max((r for r, _ in rows), default=0) + 1, width)
+        masked = []
+        engine_rows: list[tuple[int, ToolCallMatcher]] = []
+        for row, state in rows:
+            if state.matcher is None and state.gated and state.failed is None:
+                continue
+            if state.failed is None and not state.gated and state.matcher is None:
+                self._feed_engine(state, ())  # first step of an engine-only row: wait for its grammar
+            if state.failed is not None:
+                self._allow_only(row, state.stop_ids)
+                masked.append(row)
+            elif state.matcher is not None:
+                engine_rows.append((row, state.matcher))
+        if len(engine_rows) >= BATCH_FILL_MIN:
+            # Many rows inside calls: one parallel fill; every such row is masked.
+            matchers = [m.engine_matcher for _, m in engine_rows]
+            self.compiler.engine.fill_bitmasks(matchers, self.bitmask, [r for r, _ in engine_rows])
+            masked += [r for r, _ in engine_rows]
+        else:
+            masked += [r for r, m in engine_rows if m.fill_bitmask(self.bitmask, r)]
+        return masked
+
+    def _allow_only(self, row: int, token_ids: Sequence[int]) -> None:
+        words = self.bitmask[row].zero_().numpy()
+        for token in token_ids:
+            words[token // 32] |= np.array(1 << (token % 32), dtype=np.uint32).view(np.int32)
+
+    def _ensure_bitmask(self, rows: int, width: int) -> None:
+        words = (width + 31) // 32
+        if self.bitmask.shape[0] < rows or self.bitmask.shape[1] != words:
+            self.bitmask = allocate_bitmask(max(rows, 2 * self.bitmask.shape[0]), width, self.pin_memory)

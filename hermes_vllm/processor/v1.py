@@ -1,0 +1,59 @@
+"""Adapter for the V1 model runner (``vllm.v1.sample.logits_processor.LogitsProcessor``).
+
+Rows are batch indices; ``BatchUpdate`` moves are applied with vLLM's own helper. The output
+token lists arrive by reference; under async scheduling their last entries may still be ``-1``
+placeholders in ``update_state``, but vLLM fills them in before ``apply``, which is where the
+matchers are advanced.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from vllm.v1.sample.logits_processor import BatchUpdate
+from vllm.v1.sample.logits_processor import LogitsProcessor as V1LogitsProcessor
+from vllm.v1.sample.logits_processor.builtin import process_dict_updates
+
+from hermes_vllm.processor.config import core_for_config
+from hermes_vllm.processor.core import ConstraintCore, RowState
+
+if TYPE_CHECKING:
+    from vllm import SamplingParams
+    from vllm.config import VllmConfig
+
+
+class V1ToolCallLogitsProcessor(V1LogitsProcessor):  # type: ignore[misc]
+    """Span-gated tool-call constraints on the V1 runner."""
+
+    def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool) -> None:
+        self.core: ConstraintCore | None = core_for_config(vllm_config, "v1", device)
+        self.device = device
+        self.rows: dict[int, tuple[RowState, list[int]]] = {}
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def _new_row(
+        self, params: SamplingParams, _prompt: list[int] | None, output: list[int]
+    ) -> tuple[RowState, list[int]] | None:
+        assert self.core is not None
+        state = self.core.admit(params.extra_args, params.all_stop_token_ids)
+        return None if state is None else (state, output)
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        if self.core is not None:
+            process_dict_updates(self.rows, batch_update, self._new_row)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self.rows or self.core is None:
+            return logits
+        rows = logits.shape[0]
+        updates = []
+        for row, (state, output) in self.rows.items():
+            if row < rows:
+                new = output[state.consumed :]
+                if new and new[-1] == -1:
+                    new = new[: new.index(-1)]
+                updates.append((row, state, new))
+        return self.core.step(logits, updates)

@@ -1,0 +1,143 @@
+"""Adapter for Model Runner V2, and the one entry-point class that serves both runners.
+
+Rows are persistent request slots. Committed tokens live on the device (``all_token_ids``,
+``total_len``); reading them inside ``apply()`` would wait for the forward pass that is running
+right then. Instead, ``apply_staged_writes()`` -- called once per step after the previous step's
+sampled tokens were written on the device stream and before this step's forward is queued --
+gathers each constrained slot's ``total_len`` and last few tokens into a small tensor and starts a
+non-blocking copy into pinned host memory. By the time ``apply()`` runs on the CPU, that copy
+(queued ahead of the forward) has long finished, so the matchers advance and the masks are filled
+on the CPU while the GPU still runs the forward; the mask then goes to the device with one
+host-to-device copy and is applied in place by one kernel.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsProcessor as V2LogitsProcessor
+
+from hermes_vllm.processor.config import core_for_config, engine_name
+from hermes_vllm.processor.core import RowState, validate_request
+from hermes_vllm.processor.handshake import status
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsContext, LogitsProcRequestState
+
+# Tokens copied back per slot each step; a step commits at most one token per request without
+# speculative decoding (which this processor refuses), the rest is headroom.
+_WINDOW = 4
+_active_seen = False
+
+
+def validate_constraint(params: SamplingParams) -> None:
+    """Frontend admission check shared by both runners: ``ValueError`` becomes HTTP 400."""
+    global _active_seen
+    request = validate_request(params.extra_args, engine_name())
+    if request is None:
+        return
+    if not _active_seen:
+        active, detail = status()
+        if not active:
+            raise ValueError(f"hermes-vllm cannot constrain this request's tool calls: {detail}")
+        _active_seen = True
+
+
+def _is_v1_construction(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """V1 builds ``cls(vllm_config, device, is_pin_memory)``, V2 ``cls(vllm_config, req_states)``."""
+    return len(args) + len(kwargs) == 3
+
+
+class ToolCallLogitsProcessor(V2LogitsProcessor):  # type: ignore[misc]
+    """Span-gated tool-call constraints; registered under ``vllm.logits_processors``.
+
+    It is a V2 subclass, so the V2 loader (which type-checks entry points) accepts it; when the
+    V1 loader constructs it with the V1 signature, ``__new__`` hands over to the V1 adapter. One
+    install thus works on whichever runner vLLM picks, with no flag.
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        if _is_v1_construction(args, kwargs):
+            from hermes_vllm.processor.v1 import V1ToolCallLogitsProcessor
+
+            return V1ToolCallLogitsProcessor(*args, **kwargs)
+        return super().__new__(cls)
+
+    def __init__(self, vllm_config: VllmConfig, req_states: LogitsProcRequestState) -> None:
+        self.core = core_for_config(vllm_config, "v2", req_states.device)
+        self.req_states = req_states
+        self.device = req_states.device
+        self.slots: dict[int, RowState] = {}
+        self._resumed: set[int] = set()
+        pin = self.device.type == "cuda"
+        self._host = torch.zeros((req_states.max_num_reqs, 1 + _WINDOW), dtype=torch.int32, pin_memory=pin)
+        self._copied: dict[int, int] = {}
+        self._event: torch.cuda.Event | None = None
+
+    @classmethod
+    def validate_params(cls, sampling_params: SamplingParams) -> None:
+        validate_constraint(sampling_params)
+
+    def add_request(self, req_idx: int, sampling_params: SamplingParams) -> bool:
+        self.slots.pop(req_idx, None)
+        self._resumed.discard(req_idx)
+        if self.core is None:
+            return False
+        state = self.core.admit(sampling_params.extra_args, sampling_params.all_stop_token_ids)
+        if state is None:
+            return False
+        self.slots[req_idx] = state
+        self._resumed.add(req_idx)
+        return True
+
+    def apply_staged_writes(self) -> None:
+        if not self.slots or self.core is None:
+            return
+        prompt_len = self.req_states.prompt_len.np
+        tokens = self.req_states.all_token_ids.gpu
+        for slot in self._resumed:
+            # Resumed after preemption: replay the outputs it already had (rare; a blocking read).
+            start, end = int(prompt_len[slot]), int(self.req_states.prefill_len.np[slot])
+            if end > start:
+                self.core.advance(self.slots[slot], tokens[slot, start:end].tolist())
+        self._resumed.clear()
+        slots = sorted(self.slots)
+        index = torch.tensor(slots, dtype=torch.long).to(self.device, non_blocking=True)
+        total = self.req_states.total_len.gpu[index].long()
+        positions = (total.unsqueeze(1) - torch.arange(_WINDOW, 0, -1, device=self.device)).clamp_(min=0)
+        window = tokens[index.unsqueeze(1), positions]
+        packed = torch.cat([total.unsqueeze(1).to(window.dtype), window], dim=1)
+        self._host[: len(slots)].copy_(packed, non_blocking=True)
+        if self.device.type == "cuda":
+            self._event = torch.cuda.Event()
+            self._event.record()
+        self._copied = {slot: i for i, slot in enumerate(slots)}
+
+    def _new_tokens(self, slot: int, state: RowState) -> list[int]:
+        i = self._copied.get(slot)
+        if i is None:
+            return []
+        total = int(self._host[i, 0])
+        outputs = total - int(self.req_states.prompt_len.np[slot])
+        fresh = outputs - state.consumed
+        if fresh <= 0:
+            return []
+        if fresh <= _WINDOW:
+            return [int(t) for t in self._host[i, 1 + _WINDOW - fresh :]]
+        start = int(self.req_states.prompt_len.np[slot]) + state.consumed
+        return [int(t) for t in self.req_states.all_token_ids.gpu[slot, start:total].tolist()]
+
+    def apply(self, logits: torch.Tensor, ctx: LogitsContext) -> torch.Tensor:
+        if not self.slots or self.core is None:
+            return logits
+        if self._event is not None:
+            self._event.synchronize()
+        updates = []
+        for row, slot in enumerate(ctx.idx_mapping_np.tolist()):
+            state = self.slots.get(slot)
+            if state is not None:
+                updates.append((row, state, self._new_tokens(slot, state)))
+        return self.core.step(logits, updates)

@@ -1,0 +1,100 @@
+"""One install activates the processor on both runners, and a request is never served unconstrained.
+
+vLLM's own loaders are called: the V2 loader type-checks entry points (a V1-only class would crash
+V2 launches), the V1 loader builds classes with the V1 signature. When no processor of ours is
+active in the engine, a constrained request is refused with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hermes_vllm import constraint_args
+
+pytest.importorskip("vllm")
+
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+def test_vllm_v2_loader_accepts_the_entry_point() -> None:
+    from vllm.v1.worker.gpu.sample.logits_processor import loader
+
+    from hermes_vllm.processor import ToolCallLogitsProcessor
+
+    classes = loader._load_v2_logitsprocs_plugins()
+    assert ToolCallLogitsProcessor in classes
+    validate = loader.build_custom_logits_processors_params_validator(None)
+    from vllm import SamplingParams
+
+    validate(SamplingParams())  # requests without constraints pass untouched
+
+
+def test_vllm_v1_loader_builds_the_v1_adapter(tiny_model: Path) -> None:
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.sample.logits_processor import build_logitsprocs
+
+    from hermes_vllm.processor.v1 import V1ToolCallLogitsProcessor
+
+    config = EngineArgs(model=str(tiny_model), dtype="float32", max_model_len=512).create_engine_config()
+    procs = build_logitsprocs(config, __import__("torch").device("cpu"), False, False)
+    ours = [p for p in procs.all if isinstance(p, V1ToolCallLogitsProcessor)]
+    assert len(ours) == 1 and ours[0] in procs.non_argmax_invariant
+
+
+def test_frontend_rejects_malformed_constraints_with_readable_errors() -> None:
+    from vllm import SamplingParams
+
+    from hermes_vllm.processor import ToolCallLogitsProcessor
+
+    bad_schema = {
+        "type": "function",
+        "function": {"name": "t", "parameters": {"type": "object", "properties": {"x": {"type": "strnig"}}}},
+    }
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"hermes_vllm": "{not json"}, "not valid JSON"),
+        (constraint_args([bad_schema]), "tool 't': parameters/properties/x/type"),
+        (constraint_args([TOOL], dialect="klingon"), "unknown dialect 'klingon'"),
+        (constraint_args([TOOL], {"type": "function", "function": {"name": "nope"}}), "nope"),
+        (constraint_args([TOOL, TOOL]), "defined more than once"),
+    ]
+    for extra, needle in cases:
+        with pytest.raises(ValueError, match=needle.replace("(", r"\(")):
+            ToolCallLogitsProcessor.validate_params(SamplingParams(extra_args=extra))
+
+
+SPECULATIVE = """
+import json
+from hermes_vllm import constraint_args
+from hermes_vllm.testing.engine import offline_llm
+from vllm import SamplingParams
+llm = offline_llm({model!r}, speculative_config={{"method": "ngram", "num_speculative_tokens": 2,
+                                                 "prompt_lookup_max": 3, "prompt_lookup_min": 2}})
+plain = llm.generate(["hello"], SamplingParams(max_tokens=4), use_tqdm=False)[0].outputs[0].text
+try:
+    llm.generate(["hello"], SamplingParams(max_tokens=4, extra_args=constraint_args({tools!r})), use_tqdm=False)
+    print(json.dumps({{"plain": plain, "error": None}}))
+except Exception as err:
+    print(json.dumps({{"plain": plain, "error": str(err)}}))
+"""
+
+
+def test_a_runner_without_our_processor_refuses_constrained_requests(tiny_model: Path) -> None:
+    """V1 with speculative decoding skips entry-point processors: constrained requests must fail."""
+    script = textwrap.dedent(SPECULATIVE.format(model=str(tiny_model), tools=[TOOL]))
+    env = {k: v for k, v in os.environ.items() if k != "HERMES_VLLM_HANDSHAKE_DIR"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    import json
+
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["plain"], "requests without constraints must still be served"
+    assert result["error"] and "no hermes-vllm logits processor is active" in result["error"]

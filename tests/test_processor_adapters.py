@@ -1,0 +1,322 @@
+"""Both runner adapters driven with vLLM's real batch-update and context objects.
+
+The token streams are real tokenizations of valid turns; each step checks that the next token of
+the turn is allowed, that a wrong token is masked inside a span, and that unconstrained rows are
+bit-for-bit untouched.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from hermes_vllm import constraint_args
+
+pytest.importorskip("vllm")
+
+import vllm.v1.worker.cpu.shm  # noqa: F401  (what vLLM's CPU worker imports: CPU buffers for V2)
+from vllm import SamplingParams
+from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
+from vllm.v1.worker.gpu.buffer_utils import StagedWriteTensor, UvaBackedTensor
+from vllm.v1.worker.gpu.sample.logits_processor.interface import (
+    LogitsContext,
+    LogitsProcRequestState,
+)
+
+from hermes_vllm.processor import ToolCallLogitsProcessor
+from hermes_vllm.processor.v1 import V1ToolCallLogitsProcessor
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}},
+            "required": ["city"],
+        },
+    },
+}
+SEARCH = {
+    "type": "function",
+    "function": {
+        "name": "search",
+        "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]},
+    },
+}
+TURN_A = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>'
+TURN_B = '<tool_call>{"arguments": {"q": "vllm"}, "name": "search"}</tool_call> done'
+
+
+@pytest.fixture(scope="module")
+def vllm_config(tiny_model: Path) -> Any:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from vllm.engine.arg_utils import EngineArgs
+
+    return EngineArgs(
+        model=str(tiny_model),
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=1024,
+        kv_cache_memory_bytes=64 << 20,
+    ).create_engine_config()
+
+
+def params(
+    tools: list[dict[str, Any]] | None, choice: Any = "auto", stop: list[int] | None = None
+) -> SamplingParams:
+    extra = constraint_args(tools, choice) if tools is not None else None
+    p = SamplingParams(extra_args=extra, stop_token_ids=stop or [])
+    return p
+
+
+def allowed(logits: torch.Tensor, row: int, token: int) -> bool:
+    return bool(torch.isfinite(logits[row, token]))
+
+
+def tokens_of(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+class Stream:
+    """A request's planned output: the tokens it will commit, one per step."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.plan = tokens
+        self.output: list[int] = []
+
+    def next_token(self) -> int:
+        return self.plan[len(self.output)]
+
+    def commit(self) -> None:
+        self.output.append(self.next_token())
+
+
+def random_logits(rows: int, width: int, seed: int) -> torch.Tensor:
+    return torch.randn((rows, width), generator=torch.Generator().manual_seed(seed))
+
+
+def test_entry_point_class_builds_the_v1_adapter_under_the_v1_signature(vllm_config: Any) -> None:
+    proc = ToolCallLogitsProcessor(vllm_config, torch.device("cpu"), False)
+    assert isinstance(proc, V1ToolCallLogitsProcessor)
+    assert not proc.is_argmax_invariant()
+
+
+def test_v1_adapter_add_move_swap_remove_and_slot_reuse(vllm_config: Any, tokenizer: Any) -> None:
+    proc = ToolCallLogitsProcessor(vllm_config, torch.device("cpu"), False)
+    width = vllm_config.model_config.get_vocab_size()
+    a, b, plain = Stream(tokens_of(tokenizer, TURN_A)), Stream(tokens_of(tokenizer, TURN_B)), Stream([])
+    proc.update_state(
+        BatchUpdate(
+            batch_size=3,
+            removed=[],
+            added=[
+                (0, params([WEATHER]), None, a.output),
+                (1, params(None), None, plain.output),
+                (2, params([SEARCH, WEATHER]), None, b.output),
+            ],
+            moved=[],
+        )
+    )
+    rows = {0: a, 2: b}
+    masked_steps = 0
+    for step in range(max(len(a.plan), len(b.plan))):
+        if step == 5:
+            # Swap rows 0 and 2: the streams travel with their matchers.
+            proc.update_state(BatchUpdate(3, [], [], [(0, 2, MoveDirectionality.SWAP)]))
+            rows = {0: b, 2: a}
+        logits = random_logits(3, width, step)
+        before = logits.clone()
+        proc.apply(logits)
+        assert torch.equal(logits[1], before[1]), "an unconstrained row was modified"
+        for row, stream in rows.items():
+            if len(stream.output) < len(stream.plan):
+                assert allowed(logits, row, stream.next_token()), f"step {step}: planned token masked"
+        masked_steps += int(not torch.isfinite(logits[[0, 2]]).all())
+        for stream in rows.values():
+            if len(stream.output) < len(stream.plan):
+                stream.commit()
+    assert masked_steps > 10, "inside the spans the rows must have been masked"
+
+    # Remove the SEARCH request (now row 0), then reuse its slot for a forced-choice request.
+    proc.update_state(BatchUpdate(batch_size=2, removed=[0], added=[], moved=[]))
+    assert 0 not in proc.rows
+    c = Stream(tokens_of(tokenizer, '<tool_call>{"name": "search", "arguments": {"q": "x"}}</tool_call>'))
+    forced = params([WEATHER, SEARCH], {"type": "function", "function": {"name": "search"}})
+    proc.update_state(BatchUpdate(batch_size=3, removed=[], added=[(0, forced, None, c.output)], moved=[]))
+    logits = random_logits(3, width, 99)
+    proc.apply(logits)
+    weather_call = tokens_of(tokenizer, '<tool_call>{"name": "get_weather"')
+    assert allowed(logits, 0, c.next_token())
+    # Forced choice: free text cannot start the turn, and the other tool's name is refused.
+    assert not allowed(logits, 0, tokens_of(tokenizer, "Hello")[0])
+    for token in c.plan:
+        logits = random_logits(3, width, token)
+        proc.apply(logits)
+        assert allowed(logits, 0, token)
+        c.output.append(token)
+    probe = Stream(weather_call)
+    check = V1ToolCallLogitsProcessor(vllm_config, torch.device("cpu"), False)
+    check.update_state(BatchUpdate(1, [], [(0, forced, None, probe.output)], []))
+    refused = False
+    for _ in probe.plan:
+        logits = random_logits(1, width, 7)
+        check.apply(logits)
+        if not allowed(logits, 0, probe.next_token()):
+            refused = True
+            break
+        probe.commit()
+    assert refused, "a call to a tool other than the named one must be masked"
+
+
+def test_v1_adapter_waits_for_async_placeholders(vllm_config: Any, tokenizer: Any) -> None:
+    proc = V1ToolCallLogitsProcessor(vllm_config, torch.device("cpu"), False)
+    width = vllm_config.model_config.get_vocab_size()
+    plan = tokens_of(tokenizer, TURN_A)
+    output: list[int] = []
+    proc.update_state(BatchUpdate(1, [], [(0, params([WEATHER]), None, output)], []))
+    for token in plan:
+        output.append(-1)  # async scheduling: the slot exists before the token is known
+        proc.update_state(None)
+        output[-1] = token  # vLLM fills placeholders in before sampling
+        logits = random_logits(1, width, token)
+        proc.apply(logits)
+    state, _ = proc.rows[0]
+    assert state.consumed == len(plan) and state.failed is None
+    # The turn ends after the call, in free text: the engine is off again, at a clean point.
+    assert state.matcher is None and not state.pending
+
+
+def test_v1_adapter_replays_a_resumed_request(vllm_config: Any, tokenizer: Any) -> None:
+    """Preemption: the request comes back with its earlier output; the matcher is rebuilt."""
+    proc = V1ToolCallLogitsProcessor(vllm_config, torch.device("cpu"), False)
+    width = vllm_config.model_config.get_vocab_size()
+    plan = tokens_of(tokenizer, TURN_A)
+    half = plan[: len(plan) // 2]
+    output = list(half)
+    proc.update_state(BatchUpdate(1, [], [(0, params([WEATHER]), None, output)], []))
+    logits = random_logits(1, width, 1)
+    proc.apply(logits)
+    assert allowed(logits, 0, plan[len(half)])
+    assert not torch.isfinite(logits[0]).all(), "mid-call, the row must be masked"
+
+
+class FakeRunner:
+    """Plays the V2 model runner's part: owns the request-state buffers and commits tokens.
+
+    The buffers are vLLM's own classes on the CPU; only the writes the runner's kernels would do
+    (``postprocess_sampled``) are done here with plain tensor indexing.
+    """
+
+    def __init__(self, max_reqs: int, max_len: int, vocab: int) -> None:
+        self.all_token_ids = StagedWriteTensor(
+            (max_reqs, max_len), dtype=torch.int32, device=torch.device("cpu")
+        )
+        self.total_len = StagedWriteTensor(max_reqs, dtype=torch.int32, device=torch.device("cpu"))
+        self.prompt_len = UvaBackedTensor(max_reqs, dtype=torch.int32)
+        self.prefill_len = UvaBackedTensor(max_reqs, dtype=torch.int32)
+        self.state = LogitsProcRequestState(
+            device=torch.device("cpu"),
+            max_num_reqs=max_reqs,
+            vocab_size=vocab,
+            all_token_ids=self.all_token_ids,
+            prompt_len=self.prompt_len,
+            prefill_len=self.prefill_len,
+            total_len=self.total_len,
+        )
+
+    def admit(self, slot: int, prompt: list[int], resumed_output: list[int] = ()) -> None:  # type: ignore[assignment]
+        tokens = list(prompt) + list(resumed_output)
+        self.prompt_len.np[slot] = len(prompt)
+        self.prefill_len.np[slot] = len(tokens)
+        self.all_token_ids.gpu[slot, : len(tokens)] = torch.tensor(tokens, dtype=torch.int32)
+        self.total_len.gpu[slot] = len(tokens)
+
+    def commit(self, slot: int, token: int) -> None:
+        at = int(self.total_len.gpu[slot])
+        self.all_token_ids.gpu[slot, at] = token
+        self.total_len.gpu[slot] = at + 1
+
+
+def context(slots: list[int]) -> LogitsContext:
+    idx = torch.tensor(slots, dtype=torch.int32)
+    return LogitsContext(
+        expanded_idx_mapping=idx,
+        idx_mapping=idx,
+        idx_mapping_np=np.array(slots, dtype=np.int32),
+        expanded_local_pos=torch.zeros(len(slots), dtype=torch.int32),
+        input_ids=torch.zeros(len(slots), dtype=torch.int32),
+        pos=torch.zeros(len(slots), dtype=torch.int32),
+        seq_lens_upper_bound_np=np.zeros(len(slots), dtype=np.int32),
+    )
+
+
+@pytest.fixture
+def v2(vllm_config: Any) -> Iterator[tuple[ToolCallLogitsProcessor, FakeRunner, int]]:
+    width = vllm_config.model_config.get_vocab_size()
+    runner = FakeRunner(8, 512, width)
+    yield ToolCallLogitsProcessor(vllm_config, runner.state), runner, width
+
+
+def test_v2_adapter_rows_reorder_and_slots_recycle(
+    v2: tuple[ToolCallLogitsProcessor, FakeRunner, int], tokenizer: Any
+) -> None:
+    proc, runner, width = v2
+    assert isinstance(proc, ToolCallLogitsProcessor)
+    prompt = tokens_of(tokenizer, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    a, b = Stream(tokens_of(tokenizer, TURN_A)), Stream(tokens_of(tokenizer, TURN_B))
+    for slot in (3, 5, 6):
+        runner.admit(slot, prompt)
+    assert proc.add_request(3, params([WEATHER]))
+    assert not proc.add_request(5, params(None))
+    assert proc.add_request(6, params([SEARCH]))
+    streams = {3: a, 6: b}
+    for step in range(max(len(a.plan), len(b.plan))):
+        order = [6, 5, 3] if step % 2 else [3, 5, 6]  # rows are reordered every step
+        proc.apply_staged_writes()
+        logits = random_logits(3, width, step)
+        before = logits.clone()
+        proc.apply(logits, context(order))
+        assert torch.equal(logits[order.index(5)], before[order.index(5)])
+        for slot, stream in streams.items():
+            if len(stream.output) < len(stream.plan):
+                assert allowed(logits, order.index(slot), stream.next_token()), f"step {step} slot {slot}"
+                runner.commit(slot, stream.next_token())
+                stream.commit()
+    proc.apply_staged_writes()
+    proc.apply(random_logits(3, width, 0), context([3, 5, 6]))
+    assert proc.slots[3].consumed == len(a.plan) and proc.slots[3].failed is None
+    # After its call the turn is in free text again: the gate has switched the engine off.
+    assert proc.slots[3].matcher is None and not proc.slots[3].pending
+
+    # Slot 3 finishes; a plain request reuses it and must not be touched.
+    runner.admit(3, prompt)
+    assert not proc.add_request(3, params(None))
+    proc.apply_staged_writes()
+    logits = random_logits(1, width, 1)
+    before = logits.clone()
+    proc.apply(logits, context([3]))
+    assert torch.equal(logits, before)
+
+
+def test_v2_adapter_replays_resumed_output(
+    v2: tuple[ToolCallLogitsProcessor, FakeRunner, int], tokenizer: Any
+) -> None:
+    proc, runner, width = v2
+    prompt = tokens_of(tokenizer, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    plan = tokens_of(tokenizer, TURN_A)
+    half = plan[: len(plan) // 2]
+    runner.admit(2, prompt, half)
+    assert proc.add_request(2, params([WEATHER]))
+    proc.apply_staged_writes()
+    logits = random_logits(1, width, 3)
+    proc.apply(logits, context([2]))
+    assert proc.slots[2].consumed == len(half)
+    assert allowed(logits, 0, plan[len(half)])
+    assert not torch.isfinite(logits[0]).all()

@@ -1,0 +1,152 @@
+"""The processor inside a real offline vLLM engine on the tiny random model.
+
+A random model samples garbage at temperature 1.0; every call it produces under the constraint
+must still parse and validate against its tool's schema. Requests without tools in the same batch
+must come out exactly as they do when no request is constrained.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from hermes_vllm import constraint_args, get_dialect
+from hermes_vllm.schema import normalize_tool
+from hermes_vllm.spans import split_spans
+from hermes_vllm.testing.bias import call_bias
+
+pytestmark = pytest.mark.engine
+
+PROMPT = "<|im_start|>system\nYou call tools.<|im_end|>\n<|im_start|>user\nPlease help.<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_model: Path) -> Any:
+    from hermes_vllm.testing.engine import offline_llm
+
+    return offline_llm(tiny_model)
+
+
+def bfcl_tool_sets(count: int) -> list[list[dict[str, Any]]]:
+    """``count`` tool sets spread over the multi-tool BFCL files."""
+    from hermes_vllm.testing.corpus import CorpusMissing, bfcl_files, load_bfcl
+
+    try:
+        files = [f for f in bfcl_files() if "multiple" in f.name]
+    except CorpusMissing as err:
+        pytest.skip(str(err))
+    sets = [case.tools for path in files for case in load_bfcl(path)]
+    return sets[:: max(1, len(sets) // count)][:count]
+
+
+def parse_calls(text: str, dialect: str, finished: bool = True) -> list[tuple[str, dict[str, Any]]]:
+    """The calls in ``text``; ``finished=False`` tolerates a last call cut by max_tokens."""
+    calls = []
+    for span in split_spans(text, dialect):
+        if span.kind == "call":
+            if not span.closed and not finished:
+                continue
+            assert span.closed, f"unfinished call in {text[:200]!r}"
+            payload = json.loads(span.body)
+            calls.append((payload["name"], payload["arguments"]))
+    return calls
+
+
+def test_batch_of_bfcl_tool_sets_yields_only_schema_valid_calls(llm: Any, tokenizer: Any) -> None:
+    from vllm import SamplingParams
+
+    tool_sets = bfcl_tool_sets(36)
+    bias = call_bias(tokenizer, ("hermes", "chatml-brackets"))
+    requests = []
+    for i, tools in enumerate(tool_sets):
+        dialect = ("hermes", "chatml-brackets", "qwen")[i % 3]
+        choice: Any = "required"
+        if i % 2:
+            choice = {"type": "function", "function": {"name": tools[-1]["name"]}}
+        args = constraint_args(tools, choice, parallel_tool_calls=bool(i % 4 < 2), dialect=dialect)
+        requests.append((tools, choice, dialect, args))
+    params = [
+        SamplingParams(
+            temperature=1.0,
+            seed=i,
+            max_tokens=500,
+            logit_bias=bias,
+            extra_args=args,
+            skip_special_tokens=False,
+        )
+        for i, (_, _, _, args) in enumerate(requests)
+    ]
+    outputs = llm.generate([PROMPT] * len(params), params, use_tqdm=False)
+    total = 0
+    for (tools, choice, dialect, _), out in zip(requests, outputs, strict=True):
+        text = out.outputs[0].text
+        # Only max_tokens may leave a (parallel) call unfinished; EOS is masked inside a call.
+        calls = parse_calls(text, dialect, finished=out.outputs[0].finish_reason != "length")
+        assert calls, f"tool_choice={choice!r} must produce a call; got {text[:300]!r}"
+        schemas = {spec.name: spec.parameters for spec in (normalize_tool(t, i) for i, t in enumerate(tools))}
+        for name, arguments in calls:
+            assert name in schemas
+            if isinstance(choice, dict):
+                assert name == choice["function"]["name"]
+            jsonschema.validate(arguments, schemas[name])
+            total += 1
+        # The free text outside calls never holds a stray call tag.
+        begin = get_dialect(dialect).tool_call.begin
+        assert all(begin not in s.body for s in split_spans(text, dialect) if s.kind == "text")
+    assert total >= len(requests)
+
+
+def test_requests_without_tools_are_untouched(llm: Any, tokenizer: Any) -> None:
+    """Same batch twice, constraints on and off for the tool rows: the plain rows must not change."""
+    from vllm import SamplingParams
+
+    tools = bfcl_tool_sets(4)
+    bias = call_bias(tokenizer, ("hermes", "chatml-brackets"))
+
+    def batch(constrained: bool) -> list[str]:
+        params = []
+        for i in range(8):
+            extra = constraint_args(tools[i % 4], "required") if (i % 2 and constrained) else None
+            params.append(
+                SamplingParams(
+                    temperature=1.0,
+                    seed=100 + i,
+                    max_tokens=64,
+                    ignore_eos=True,
+                    logit_bias=bias,
+                    extra_args=extra,
+                )
+            )
+        return [o.outputs[0].text for o in llm.generate([PROMPT] * 8, params, use_tqdm=False)]
+
+    on, off = batch(True), batch(False)
+    assert [on[i] for i in range(0, 8, 2)] == [off[i] for i in range(0, 8, 2)]
+    assert [on[i] for i in range(1, 8, 2)] != [off[i] for i in range(1, 8, 2)], "the constraint did nothing"
+
+
+def test_auto_mode_leaves_free_text_alone_until_a_call_opens(llm: Any, tokenizer: Any) -> None:
+    from vllm import SamplingParams
+
+    tools = bfcl_tool_sets(2)[0]
+    bias = call_bias(tokenizer)
+    params = [
+        SamplingParams(
+            temperature=1.0,
+            seed=s,
+            max_tokens=400,
+            logit_bias=bias,
+            extra_args=constraint_args(tools),
+            skip_special_tokens=False,
+        )
+        for s in range(8)
+    ]
+    texts = [o.outputs[0].text for o in llm.generate([PROMPT] * 8, params, use_tqdm=False)]
+    schemas = {spec.name: spec.parameters for spec in (normalize_tool(t, i) for i, t in enumerate(tools))}
+    calls = [c for t in texts for c in parse_calls(t, "hermes", finished=False)]
+    assert calls, "with the call token favoured, some request must have called a tool"
+    for name, arguments in calls:
+        jsonschema.validate(arguments, schemas[name])
