@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -22,14 +22,14 @@ FORMAT_VERSION = 1
 
 @dataclass(frozen=True)
 class ConstraintRequest:
-    """A request's tool constraint, decoded from ``extra_args``."""
+    """A request's tool constraint, decoded from ``extra_args``; equal and hashed by ``raw``."""
 
-    tools: tuple[Any, ...]
-    tool_choice: Any
-    parallel_tool_calls: bool
-    dialect: str
-    coverage: Coverage
-    raw: str
+    tools: tuple[Any, ...] = field(compare=False)
+    tool_choice: Any = field(compare=False)
+    parallel_tool_calls: bool = field(compare=False)
+    dialect: str = field(compare=False)
+    coverage: Coverage = field(compare=False)
+    raw: str = ""
     """The JSON it came from: equal strings mean equal constraints (a cheap cache key)."""
 
 

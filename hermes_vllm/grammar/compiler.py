@@ -54,12 +54,15 @@ def prepare_turn(
     coverage: Coverage,
     engine: type[GrammarEngine],
     limits: Limits,
+    *,
+    admitted: bool = False,
 ) -> PreparedTurn:
     """Validate a request against the schema rules, the limits and the engine's keyword coverage.
 
-    Needs no tokenizer, so the frontend can run it on admission and answer HTTP 400.
+    Needs no tokenizer, so the frontend can run it on admission and answer HTTP 400. ``admitted``
+    (the engine side of a request the frontend already checked) skips the metaschema check.
     """
-    specs = normalize_tools(tools, limits)
+    specs = normalize_tools(tools, limits, check_metaschema=not admitted)
     spec = turn_spec(specs, tool_choice, parallel_tool_calls, dialect, limits.max_call_whitespace)
     covered, needs_validation = check_coverage(spec.tools, engine.supported_keywords, engine.name, coverage)
     return PreparedTurn(
@@ -162,11 +165,13 @@ class ToolGrammarCompiler:
         parallel_tool_calls: bool = True,
         dialect: str | Dialect | None = None,
         coverage: Coverage | None = None,
+        *,
+        admitted: bool = False,
     ) -> PreparedTurn:
-        """Validate and normalise a request (cheap, synchronous); raises :class:`ToolSchemaError`."""
+        """Validate and normalise a request (synchronous); raises :class:`ToolSchemaError`."""
         return prepare_turn(
             tools, tool_choice, parallel_tool_calls, dialect or self.dialect, coverage or self.coverage,
-            type(self.engine), self.limits,
+            type(self.engine), self.limits, admitted=admitted,
         )  # fmt: skip
 
     def submit(self, prepared: PreparedTurn) -> Future[EngineGrammar]:

@@ -24,10 +24,11 @@ its compile had finished, so every tensor-parallel worker applies the same masks
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any
 
 import numpy as np
@@ -48,20 +49,27 @@ logger = logging.getLogger(__name__)
 # From this many rows needing the engine, filling them in one multi-threaded call beats
 # per-row fills that can skip all-allowed rows.
 BATCH_FILL_MIN = 8
+# Recent requests' validated tool sets, by their constraint JSON: agents resend the same tools.
+PREPARED_CACHE = 512
 
 
 def validate_request(extra_args: Any, engine: str) -> ConstraintRequest | None:
     """Frontend check of a request's constraint (no tokenizer needed); ``ValueError`` -> HTTP 400."""
     request = parse_constraint(extra_args)
-    if request is None:
-        return None
+    if request is not None:
+        _validate(request, engine)
+    return request
+
+
+@lru_cache(maxsize=1024)
+def _validate(request: ConstraintRequest, engine: str) -> None:
+    """Cached by the request's constraint: agents resend the same tools with every turn."""
     engine_cls = get_engine_class(engine)
     prepared = prepare_turn(
         list(request.tools), request.tool_choice, request.parallel_tool_calls, request.dialect,
         request.coverage, engine_cls, get_limits(),
     )  # fmt: skip
     engine_cls.check(prepared.spec)
-    return request
 
 
 @dataclass
@@ -109,6 +117,7 @@ class ConstraintCore:
         self._holds_byte: dict[int, np.ndarray] = {}
         self._watched: dict[bytes, np.ndarray] = {}
         self._straddling: dict[str, bool] = {}
+        self._prepared: OrderedDict[str, PreparedTurn] = OrderedDict()
 
     @cached_property
     def compiler(self) -> ToolGrammarCompiler:
@@ -152,13 +161,18 @@ class ConstraintCore:
         request = parse_constraint(extra_args)
         if request is None:
             return None
-        prepared = self.compiler.prepare(
-            list(request.tools),
-            request.tool_choice,
-            request.parallel_tool_calls,
-            request.dialect,
-            request.coverage,
-        )
+        prepared = self._prepared.get(request.raw)
+        if prepared is None:
+            # vLLM ran validate_params on admission: the metaschema check need not run again.
+            prepared = self.compiler.prepare(
+                list(request.tools), request.tool_choice, request.parallel_tool_calls, request.dialect,
+                request.coverage, admitted=True,
+            )  # fmt: skip
+            self._prepared[request.raw] = prepared
+            if len(self._prepared) > PREPARED_CACHE:
+                self._prepared.popitem(last=False)
+        else:
+            self._prepared.move_to_end(request.raw)
         stops = tuple(dict.fromkeys((*self.compiler.vocab.stop_token_ids, *stop_token_ids)))
         gated = prepared.spec.mode == "auto" and self._gate_allowed(prepared.spec.dialect)
         state = RowState(request, prepared, self.compiler.submit(prepared), stops, gated)

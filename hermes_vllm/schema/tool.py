@@ -11,6 +11,7 @@ import copy
 import json
 import logging
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
@@ -99,8 +100,24 @@ def _function_of(raw: JSON, index: int) -> Mapping[str, JSON]:
     return raw
 
 
-def normalize_tool(raw: JSON, index: int = 0, limits: Limits | None = None) -> ToolSpec:
-    """One tool definition (OpenAI, bare or BFCL) -> :class:`ToolSpec`, or a :class:`ToolSchemaError`."""
+@lru_cache(maxsize=4096)
+def _metaschema_problem(params_json: str) -> tuple[str, str] | None:
+    """(path, message) of the first metaschema violation, cached: the check costs milliseconds."""
+    try:
+        Draft202012Validator.check_schema(json.loads(params_json))
+    except SchemaError as err:
+        return pointer(("parameters", *err.absolute_path)), err.message
+    return None
+
+
+def normalize_tool(
+    raw: JSON, index: int = 0, limits: Limits | None = None, *, check_metaschema: bool = True
+) -> ToolSpec:
+    """One tool definition (OpenAI, bare or BFCL) -> :class:`ToolSpec`, or a :class:`ToolSchemaError`.
+
+    ``check_metaschema=False`` skips the JSON Schema metaschema check, for callers that know the
+    frontend already made it (the engine re-normalising a request vLLM admitted).
+    """
     limits = limits or get_limits()
     fn = _function_of(raw, index)
     name = fn.get("name")
@@ -133,11 +150,10 @@ def normalize_tool(raw: JSON, index: int = 0, limits: Limits | None = None) -> T
             "parameters",
             f"nesting deeper than {limits.max_schema_depth} levels (HERMES_VLLM_MAX_SCHEMA_DEPTH)",
         )
-    try:
-        Draft202012Validator.check_schema(params)
-    except SchemaError as err:
-        path = pointer(("parameters", *err.absolute_path))
-        raise ToolSchemaError(name, path, f"not a valid JSON Schema: {err.message}") from None
+    if check_metaschema:
+        problem = _metaschema_problem(canonical_json(params))
+        if problem is not None:
+            raise ToolSchemaError(name, problem[0], f"not a valid JSON Schema: {problem[1]}")
     kind = params.get("type", "object")
     if kind != "object" and not (isinstance(kind, list) and "object" in kind):
         raise ToolSchemaError(
@@ -154,7 +170,9 @@ def normalize_tool(raw: JSON, index: int = 0, limits: Limits | None = None) -> T
     )
 
 
-def normalize_tools(tools: Sequence[JSON] | None, limits: Limits | None = None) -> tuple[ToolSpec, ...]:
+def normalize_tools(
+    tools: Sequence[JSON] | None, limits: Limits | None = None, *, check_metaschema: bool = True
+) -> tuple[ToolSpec, ...]:
     """A request's tool list -> specs, refusing duplicates and lists beyond the limits."""
     limits = limits or get_limits()
     if tools is None:
@@ -165,7 +183,9 @@ def normalize_tools(tools: Sequence[JSON] | None, limits: Limits | None = None) 
         raise ToolSchemaError(
             None, "", f"{len(tools)} tools exceed the limit of {limits.max_tools} (HERMES_VLLM_MAX_TOOLS)"
         )
-    specs = tuple(normalize_tool(t, i, limits) for i, t in enumerate(tools))
+    specs = tuple(
+        normalize_tool(t, i, limits, check_metaschema=check_metaschema) for i, t in enumerate(tools)
+    )
     seen: set[str] = set()
     for spec in specs:
         if spec.name in seen:
