@@ -98,3 +98,43 @@ def test_a_runner_without_our_processor_refuses_constrained_requests(tiny_model:
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["plain"], "requests without constraints must still be served"
     assert result["error"] and "no hermes-vllm logits processor is active" in result["error"]
+
+
+V2_SPECULATIVE = """
+import json, os, torch
+import vllm.v1.worker.cpu.shm  # CPU buffers for the V2 runner's state, as vLLM's CPU worker does
+from vllm import SamplingParams
+from vllm.engine.arg_utils import EngineArgs
+from vllm.v1.worker.gpu.states import RequestState
+from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsProcRequestState
+from hermes_vllm import constraint_args
+from hermes_vllm.plugin import register
+from hermes_vllm.processor import ToolCallLogitsProcessor
+register()
+config = EngineArgs(model={model!r}, dtype="float32", max_model_len=512, speculative_config={{
+    "method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3, "prompt_lookup_min": 2}}).create_engine_config()
+states = RequestState(4, 512, 256, 2, config.model_config.get_vocab_size(), torch.device("cpu"))
+proc = ToolCallLogitsProcessor(config, LogitsProcRequestState.from_request_state(states))
+added = proc.add_request(0, SamplingParams(extra_args=constraint_args({tools!r})))
+try:
+    ToolCallLogitsProcessor.validate_params(SamplingParams(extra_args=constraint_args({tools!r})))
+    error = None
+except ValueError as err:
+    error = str(err)
+print(json.dumps({{"added": added, "error": error}}))
+"""
+
+
+def test_model_runner_v2_with_speculative_decoding_refuses_constrained_requests(tiny_model: Path) -> None:
+    """V2 builds our processor even with speculative decoding; it declines and says why."""
+    script = textwrap.dedent(V2_SPECULATIVE.format(model=str(tiny_model), tools=[TOOL]))
+    env = {k: v for k, v in os.environ.items() if k != "HERMES_VLLM_HANDSHAKE_DIR"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    import json
+
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["added"] is False
+    assert result["error"] and "speculative decoding" in result["error"]

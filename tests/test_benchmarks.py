@@ -1,0 +1,41 @@
+"""The benchmark scripts stay runnable: each runs here with small sizes (the figures are not checked)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(script: str, *args: str, out: Path) -> None:
+    subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args, "--out", str(out)], check=True, timeout=600
+    )
+
+
+def test_gpu_apply_runs_on_the_cpu(tmp_path: Path) -> None:
+    run("gpu_apply.py", "--batch", "8", "--vocab", "4096", "--repeat", "3", "--device", "cpu", out=tmp_path)
+    result = json.loads((tmp_path / "gpu_apply-cpu.json").read_text())
+    assert result["batch"] == 8 and result["floor_rw_logits_us"] > 0 and result["apply_100pct_us"] > 0
+
+
+def test_processor_per_step_runs(tmp_path: Path) -> None:
+    run(
+        "processor.py",
+        "--tokenizer",
+        "mistral-v1",
+        "--batch",
+        "2",
+        "--share",
+        "0",
+        "1",
+        "--steps",
+        "2",
+        out=tmp_path,
+    )
+    report = json.loads((tmp_path / "processor-mistral-v1.json").read_text())
+    assert {r["span_share"] for r in report["per_step"]} == {0.0, 1.0}
+    assert (tmp_path / "processor-mistral-v1.png").stat().st_size > 0

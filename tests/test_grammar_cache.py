@@ -1,0 +1,82 @@
+"""The compiled-grammar cache: byte bound, LRU order, one compile for identical concurrent requests,
+failures cached, and the compile timeout turned into a readable error."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any
+
+import pytest
+
+from hermes_vllm.grammar import GrammarCompileError, ToolGrammarCompiler
+from hermes_vllm.grammar.cache import GrammarCache
+from hermes_vllm.settings import Limits
+
+
+def tool(name: str, props: int = 1) -> dict[str, Any]:
+    properties = {f"p{i}": {"type": "integer"} for i in range(props)}
+    return {
+        "type": "function",
+        "function": {"name": name, "parameters": {"type": "object", "properties": properties}},
+    }
+
+
+def test_identical_concurrent_compiles_run_once() -> None:
+    calls = []
+    release = threading.Event()
+
+    def compile_fn() -> str:
+        calls.append(1)
+        release.wait(5)
+        return "grammar"
+
+    cache: GrammarCache[str] = GrammarCache(1 << 20, threads=2, size_of=len)
+    futures = [cache.get("same", compile_fn) for _ in range(8)]
+    release.set()
+    assert {f.result(5) for f in futures} == {"grammar"}
+    assert len(calls) == 1 and cache.misses == 1 and cache.hits == 7
+
+
+def test_byte_bound_evicts_least_recently_used() -> None:
+    cache: GrammarCache[str] = GrammarCache(max_bytes=10, threads=1, size_of=len)
+    for key in ("a", "b"):
+        cache.get(key, lambda k=key: k * 4).result(5)  # 4 bytes each
+    cache.get("a", lambda: "unused").result(5)  # touch a: b is now the oldest
+    cache.get("c", lambda: "cccc").result(5)
+    time.sleep(0.05)  # the done-callback runs on the pool thread
+    assert cache.bytes <= 10 and len(cache) == 2
+    assert cache.get("a", lambda: "recompiled").result(5) == "aaaa"
+    assert cache.get("b", lambda: "recompiled").result(5) == "recompiled"
+
+
+def test_failures_are_cached_too() -> None:
+    calls = []
+
+    def broken() -> str:
+        calls.append(1)
+        raise ValueError("no")
+
+    cache: GrammarCache[str] = GrammarCache(1 << 20, threads=1, size_of=len)
+    first: Future[str] = cache.get("k", broken)
+    with pytest.raises(ValueError):
+        first.result(5)
+    time.sleep(0.05)
+    with pytest.raises(ValueError):
+        cache.get("k", broken).result(5)
+    assert len(calls) == 1
+
+
+def test_compiler_shares_the_cache_and_times_out_readably(tokenizer: Any) -> None:
+    limits = Limits(compile_timeout_s=0.0)
+    cache: GrammarCache[Any] = GrammarCache(64 << 20, threads=1, size_of=lambda g: g.memory_bytes)
+    compiler = ToolGrammarCompiler(tokenizer, limits=limits, cache=cache)
+    with pytest.raises(GrammarCompileError, match="longer than 0 s"):
+        compiler.compile([tool("slow", 40)])
+    patient = ToolGrammarCompiler(tokenizer, cache=cache)
+    first = patient.compile([tool("t")])
+    second = patient.compile([tool("t")])
+    assert first.grammar is second.grammar, "an identical tool set must come from the cache"
+    other = patient.compile([tool("t")], tool_choice="required")
+    assert other.grammar is not first.grammar, "tool_choice is part of the key"

@@ -1,0 +1,69 @@
+"""The batch core's promises that do not depend on a runner.
+
+Tensor-parallel workers each build the processor and must mask identically, although their
+compiles finish at different times: here one worker's grammar is ready at once and the other's
+compile is held back until its row's call begins.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hermes_vllm import constraint_args
+from hermes_vllm.grammar import ToolGrammarCompiler
+from hermes_vllm.grammar.cache import GrammarCache
+from hermes_vllm.processor.core import ConstraintCore
+
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+TURN = (
+    "Let me look that up. <think>maybe <tool_call> is text here</think> Now:\n"
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call> Done, bye.'
+)
+
+
+def worker(tokenizer: Any, cache: GrammarCache[Any]) -> ConstraintCore:
+    core = ConstraintCore(lambda: tokenizer, len(tokenizer), engine="auto")
+    core.compiler = ToolGrammarCompiler(tokenizer, engine="auto", vocab_size=len(tokenizer), cache=cache)
+    return core
+
+
+def test_two_workers_mask_identically_whatever_their_compile_timing(tiny_model: Path, tokenizer: Any) -> None:
+    fast: GrammarCache[Any] = GrammarCache(64 << 20, threads=1, size_of=lambda g: g.memory_bytes)
+    slow: GrammarCache[Any] = GrammarCache(64 << 20, threads=1, size_of=lambda g: g.memory_bytes)
+    gate = threading.Event()
+    slow.get("occupy the only compile thread", lambda: gate.wait(30))
+    a, b = worker(tokenizer, fast), worker(tokenizer, slow)
+    args = constraint_args([TOOL])
+    state_a, state_b = a.admit(args, []), b.admit(args, [])
+    assert state_a is not None and state_b is not None
+    state_a.future.result(30)  # worker A: grammar ready before the first step
+
+    tokens = tokenizer.encode(TURN, add_special_tokens=False)
+    call_starts = len(tokenizer.encode(TURN[: TURN.index("\n<tool_call>")], add_special_tokens=False))
+    timer = threading.Timer(0.2, gate.set)  # worker B's compile may start only now...
+    masked_steps = 0
+    for step in range(len(tokens) + 1):
+        if step == call_starts:
+            assert not state_b.future.done(), "the test must hold worker B's compile back until here"
+            timer.start()  # ...and B blocks on it when its call begins
+        logits = torch.randn((1, len(tokenizer)), generator=torch.Generator().manual_seed(step))
+        out_a, out_b = logits.clone(), logits.clone()
+        new = tokens[step - 1 : step] if step else []
+        a.step(out_a, [(0, state_a, new)])
+        b.step(out_b, [(0, state_b, new)])
+        assert torch.equal(out_a, out_b), f"workers diverged at step {step}"
+        if step < len(tokens):
+            assert torch.isfinite(out_a[0, tokens[step]]), f"step {step}: the turn's own token was masked"
+        masked_steps += int(not torch.isfinite(out_a).all())
+    assert masked_steps >= 10, "the call must have been masked"
+    assert state_a.failed is None and state_b.failed is None
