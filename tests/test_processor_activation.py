@@ -7,6 +7,7 @@ active in the engine, a constrained request is refused with the reason.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -69,6 +70,17 @@ def test_frontend_rejects_malformed_constraints_with_readable_errors() -> None:
             ToolCallLogitsProcessor.validate_params(SamplingParams(extra_args=extra))
 
 
+def run_fresh(script: str) -> dict[str, Any]:
+    """Run ``script`` in a new process (no handshake notes from this one); its last line is JSON."""
+    env = {k: v for k, v in os.environ.items() if k != "HERMES_VLLM_HANDSHAKE_DIR"}
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
 SPECULATIVE = """
 import json
 from hermes_vllm import constraint_args
@@ -87,15 +99,7 @@ except Exception as err:
 
 def test_a_runner_without_our_processor_refuses_constrained_requests(tiny_model: Path) -> None:
     """V1 with speculative decoding skips entry-point processors: constrained requests must fail."""
-    script = textwrap.dedent(SPECULATIVE.format(model=str(tiny_model), tools=[TOOL]))
-    env = {k: v for k, v in os.environ.items() if k != "HERMES_VLLM_HANDSHAKE_DIR"}
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    import json
-
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = run_fresh(SPECULATIVE.format(model=str(tiny_model), tools=[TOOL]))
     assert result["plain"], "requests without constraints must still be served"
     assert result["error"] and "no hermes-vllm logits processor is active" in result["error"]
 
@@ -127,14 +131,6 @@ print(json.dumps({{"added": added, "error": error}}))
 
 def test_model_runner_v2_with_speculative_decoding_refuses_constrained_requests(tiny_model: Path) -> None:
     """V2 builds our processor even with speculative decoding; it declines and says why."""
-    script = textwrap.dedent(V2_SPECULATIVE.format(model=str(tiny_model), tools=[TOOL]))
-    env = {k: v for k, v in os.environ.items() if k != "HERMES_VLLM_HANDSHAKE_DIR"}
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    import json
-
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = run_fresh(V2_SPECULATIVE.format(model=str(tiny_model), tools=[TOOL]))
     assert result["added"] is False
     assert result["error"] and "speculative decoding" in result["error"]
