@@ -28,6 +28,7 @@ from hermes_vllm.grammar.engines.base import allocate_bitmask
 from hermes_vllm.grammar.engines.outlines import END, MAX_ITEMS_BOUND, OutlinesEngine, avoiding
 from hermes_vllm.grammar.turn import turn_spec
 from hermes_vllm.schema import CONSTRAINING, normalize_tools
+from hermes_vllm.settings import Limits
 from hermes_vllm.testing.soundness import tool
 
 ENGINE_NAMES = tuple(ENGINES)
@@ -85,16 +86,14 @@ TABLE: dict[tuple[str, str, bool], list[tuple[str, bool]]] = {
         (hermes("put", '{"x": "</tool_call>"}'), True),
         (hermes("put", '{"x": "</tool_call>"}') + "</tool_call>", True),
         (hermes("put", '{"x": "<tool_call>"}') + " tail", True),
-        ('<tool_call>    {"name": "get", "arguments": {"a": 1}}    </tool_call>', True),
-        ('<tool_call>     {"name": "get", "arguments": {"a": 1}}</tool_call>', False),
-        ('<tool_call>{"name"    :    "get"    ,    "arguments" :\n{"a": 1}\t}</tool_call>', True),
-        ('<tool_call>{"name"     : "get", "arguments": {"a": 1}}</tool_call>', False),
-        (
-            '<tool_call>\n{"name": "get", "arguments": {"a"    :    1    ,\n   "b":["c",   "d"]}}\n</tool_call>',
-            True,
-        ),
-        ('<tool_call>{"name": "get", "arguments": {"a":     1}}</tool_call>', False),
-        ('<tool_call>{"name": "get", "arguments": {"a": 1,     "b": []}}</tool_call>', False),
+        ('<tool_call> {"name": "get", "arguments": {"a": 1}} </tool_call>', True),
+        ('<tool_call>\n{"name": "get", "arguments": {"a": 1}}\n</tool_call>', True),
+        ('<tool_call>  {"name": "get", "arguments": {"a": 1}}</tool_call>', False),
+        ('<tool_call>{"name" : "get" , "arguments" :\n{"a": 1}\t}</tool_call>', True),
+        ('<tool_call>{"name"  : "get", "arguments": {"a": 1}}</tool_call>', False),
+        ('<tool_call>\n{"name": "get", "arguments": {"a" : 1 ,\n"b":["c",\t"d"]}}\n</tool_call>', True),
+        ('<tool_call>{"name": "get", "arguments": {"a":  1}}</tool_call>', False),
+        ('<tool_call>{"name": "get", "arguments": {"a": 1,\n  "b": []}}</tool_call>', False),
     ],
     ("hermes", "auto", False): [
         (f"a{GET_CALL}b", True),
@@ -156,6 +155,18 @@ def test_every_engine_accepts_the_same_turn_language(
     tool_choice = NAMED if choice == "named" else choice
     grammar = compiler_for(engine, tokenizer).compile(TOOLS, tool_choice, parallel, dialect=dialect)
     assert grammar.matcher().accepts_text(text) is verdict
+
+
+@pytest.mark.parametrize("engine", ENGINE_NAMES)
+def test_whitespace_bound_is_a_setting(engine: str, tokenizer: Any) -> None:
+    """``HERMES_VLLM_MAX_CALL_WHITESPACE`` widens every gap (pretty-printed calls) and stays a bound."""
+    compiler = ToolGrammarCompiler(tokenizer, engine=engine, limits=Limits(max_call_whitespace=4))
+    grammar = compiler.compile(TOOLS)
+    # (llguidance bounds whitespace at separators only: none right after '{' of the arguments)
+    indented = '<tool_call>\n{\n  "name": "get",\n  "arguments": {"a":\n   1,\n   "b": []}\n}\n</tool_call>'
+    assert grammar.matcher().accepts_text(indented)
+    assert not grammar.matcher().accepts_text(indented.replace('"a":\n   1', '"a":     1'))
+    assert not compiler_for(engine, tokenizer).compile(TOOLS).matcher().accepts_text(indented)
 
 
 # Documented differences inside the arguments JSON (module docstrings): each engine's verdict,

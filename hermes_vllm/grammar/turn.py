@@ -16,6 +16,11 @@ import xgrammar as xgr
 from hermes_vllm.dialect import Dialect, get_dialect
 from hermes_vllm.schema import ToolSchemaError, ToolSpec, canonical_json
 
+LEAD_WHITESPACE = 4
+"""Whitespace allowed before each reasoning span and before the first call where no free text may
+come first (``required``): Qwen 3 writes two newlines after ``</think>``. Bounded like whitespace in
+a call, so a weak model cannot loop on it."""
+
 Mode = Literal["auto", "required", "none"]
 """``auto``: calls optional; ``required``: at least one call (named choice = required over one tool);
 ``none``: no call span may open."""
@@ -63,7 +68,7 @@ def turn_spec(
     tool_choice: Any = "auto",
     parallel_tool_calls: bool = True,
     dialect: str | Dialect = "hermes",
-    max_whitespace: int = 4,
+    max_whitespace: int = 1,
 ) -> TurnSpec:
     """Build the spec of a turn from normalised tools and the request's tool options."""
     mode, chosen = resolve_tool_choice(specs, tool_choice)

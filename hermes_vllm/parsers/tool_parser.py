@@ -27,6 +27,7 @@ from vllm.tool_parsers.abstract_tool_parser import ToolParser
 
 from hermes_vllm.constraint import constraint_args
 from hermes_vllm.dialect import DEFAULT_DIALECT, get_dialect
+from hermes_vllm.parsers import finish_reason
 from hermes_vllm.parsers.shared import delta_message, keep_special_tags
 from hermes_vllm.parsers.span_stream import Released, SpanStream
 
@@ -49,6 +50,8 @@ class DialectToolParser(ToolParser):  # type: ignore[misc]
 
     def __init__(self, tokenizer: Any, tools: list[Any] | None = None) -> None:
         super().__init__(tokenizer, tools)
+        # Runs in the API server only, before vLLM looks the non-streaming method up (idempotent).
+        finish_reason.install()
         self.dialect = get_dialect(self.dialect_name)
         self._stream: SpanStream | None = None
         self._calls_sent = 0

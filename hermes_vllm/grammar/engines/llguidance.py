@@ -48,7 +48,7 @@ from hermes_vllm.grammar.engines.base import (
     Vocabulary,
     set_token_allowed,
 )
-from hermes_vllm.grammar.turn import TurnSpec
+from hermes_vllm.grammar.turn import LEAD_WHITESPACE, TurnSpec
 from hermes_vllm.schema import ToolSpec, canonical_value, iter_subschemas
 
 logger = logging.getLogger(__name__)
@@ -145,7 +145,7 @@ def build_lark(turn: TurnSpec) -> str:
             f"span{k}_open[lazy]: TEXT {_lit(p.begin)}",
             f"span{k}_rest[lazy]: {_ANY} {_lit(p.end)}",
             f"SPAN{k}_UNCLOSED: {_not_containing([p.end])}",
-            f"SPAN{k}_LEAD: {_ws(turn.max_whitespace)} {_lit(p.begin)}",
+            f"SPAN{k}_LEAD: {_ws(LEAD_WHITESPACE)} {_lit(p.begin)}",
         ]
     span = " | ".join(f"span{k}_open span{k}_rest" for k in range(len(spans)))
     end = " | ".join(["TEXT", *(f"span{k}_open SPAN{k}_UNCLOSED" for k in range(len(spans)))])
@@ -156,7 +156,7 @@ def build_lark(turn: TurnSpec) -> str:
         bodies = [(i, t, o) for o in orders for i, t in enumerate(turn.tools)]
         lines += [
             f"call_open[lazy]: TEXT {_lit(call.begin)}",
-            f"CALL_LEAD: {_ws(turn.max_whitespace)} {_lit(call.begin)}",
+            f"CALL_LEAD: {_ws(LEAD_WHITESPACE)} {_lit(call.begin)}",
             "call: call_open body",
             "body: " + " | ".join(f"tool{i}_{o}" for i, _, o in bodies),
         ]

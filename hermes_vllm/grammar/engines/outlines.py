@@ -56,7 +56,7 @@ import torch
 from outlines_core.json_schema import build_regex_from_schema
 
 from hermes_vllm.grammar.engines.base import EngineGrammar, EngineMatcher, GrammarEngine, set_token_allowed
-from hermes_vllm.grammar.turn import TurnSpec
+from hermes_vllm.grammar.turn import LEAD_WHITESPACE, TurnSpec
 from hermes_vllm.schema import CONSTRAINING, ToolSpec, canonical_value, iter_subschemas
 
 logger = logging.getLogger(__name__)
@@ -198,8 +198,9 @@ def _turn_regex(turn: TurnSpec) -> str:
         return free_calls + tail
     if turn.mode == "auto":
         return f"{free}(?:{call}{free})?{tail}"
-    lead = f"(?:{ws}{spans})*" if spans else ""
-    return f"{lead}{ws}{call}{free_calls if turn.parallel else free}{tail}"
+    lead_ws = _ws(LEAD_WHITESPACE)
+    lead = f"(?:{lead_ws}{spans})*" if spans else ""
+    return f"{lead}{lead_ws}{call}{free_calls if turn.parallel else free}{tail}"
 
 
 _CONTAINER_KEYWORDS = frozenset(
