@@ -22,7 +22,6 @@ import random
 import statistics
 import tempfile
 import time
-import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,15 +48,6 @@ class Workload:
     max_tokens: int
     timeout: float
     outcomes: list[Outcome] = field(default_factory=list)
-
-
-def rss_bytes(base_url: str) -> int:
-    """Resident memory of the server process, read from its Prometheus metrics."""
-    with urllib.request.urlopen(base_url.removesuffix("/v1") + "/metrics", timeout=10) as response:
-        for line in response.read().decode().splitlines():
-            if line.startswith("process_resident_memory_bytes "):
-                return int(float(line.split()[1]))
-    return -1
 
 
 def openai_tools(functions: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -203,7 +193,7 @@ def run(
     from hermes_vllm.testing import tiny_model_path
     from hermes_vllm.testing.bias import call_bias
     from hermes_vllm.testing.corpus import bfcl_files, load_bfcl
-    from hermes_vllm.testing.server import CPU_ARGS, CPU_ENV, openai_server
+    from hermes_vllm.testing.server import CPU_ARGS, CPU_ENV, openai_server, process_metric
 
     model = str(tiny_model_path())
     bias = {
@@ -227,7 +217,7 @@ def run(
     with openai_server(
         model, (*flags, *CPU_ARGS, "--max-num-seqs", str(max(clients, 16))), env, log_path=log
     ) as url:
-        before = rss_bytes(url)
+        before = int(process_metric(url, "process_resident_memory_bytes"))
         queue: asyncio.Queue[str] = asyncio.Queue()
         for kind in kinds:
             queue.put_nowait(kind)
@@ -238,7 +228,7 @@ def run(
         start = time.perf_counter()
         asyncio.run(drive())
         elapsed = time.perf_counter() - start
-        after = rss_bytes(url)
+        after = int(process_metric(url, "process_resident_memory_bytes"))
     summary = summarize(work, before, after, cache_mb << 20)
     summary |= {
         "clients": clients,

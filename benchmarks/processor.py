@@ -5,12 +5,13 @@ Each row commits one token per step: rows "in a span" sit inside a tool call's s
 and the row must be left alone). The figure reported is microseconds per row per step, with the
 cost of rewriting the batch's logits once (``copy_``) measured alongside as the yardstick.
 
-With ``--e2e``, it also serves the tiny model three times and measures output tokens/s at N
-concurrent tool-call requests (default 16): our processor off (vLLM's ``hermes`` parser, no
-constraint), on (``hermes_vllm``), and vLLM's own structural-tag constraint
+With ``--e2e``, it also serves the tiny model three ways at once and measures output tokens/s at N
+concurrent tool-call requests (default 16), the servers taking turns: our processor off (vLLM's
+``hermes`` parser, no constraint), on (``hermes_vllm``), and vLLM's own structural-tag constraint
 (``--tool-call-parser hermes --tool-strict-level parameter``), each figure a ratio to "off".
 
-Usage: python benchmarks/processor.py [--tokenizer mistral-v1|tekken] [--steps 30] [--e2e] [--out DIR]
+Usage: python benchmarks/processor.py [--tokenizer mistral-v1|tekken] [--steps 30] [--e2e [--passes 6]]
+    [--first-token] [--out DIR]
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ def measure(
     return results
 
 
+CPU_SECONDS = "process_cpu_seconds_total"
 E2E_SERVERS: dict[str, tuple[str, ...]] = {
     "off": ("--enable-auto-tool-choice", "--tool-call-parser", "hermes"),
     "hermes_vllm": ("--enable-auto-tool-choice", "--tool-call-parser", "hermes_vllm"),
@@ -116,9 +118,18 @@ E2E_SERVERS: dict[str, tuple[str, ...]] = {
 }
 
 
-def end_to_end(tokenizer_name: str, concurrency: int, rounds: int, max_tokens: int) -> list[dict[str, Any]]:
-    """Output tokens/s of ``concurrency`` simultaneous tool requests, per server configuration."""
+def end_to_end(
+    tokenizer_name: str, concurrency: int, rounds: int, max_tokens: int, passes: int
+) -> list[dict[str, Any]]:
+    """Output tokens/s of ``concurrency`` simultaneous tool requests, per server configuration.
+
+    The three servers stay up together (idle ones cost nothing) and take turns: ``passes`` bursts
+    each, in rotating order, so the shared machine's drift hits every configuration alike. Each
+    figure is a ratio to "off" (the median of the per-pass ratios, with their range), per wall
+    second and per CPU second of the server process (the steadier figure on a shared machine).
+    """
     import asyncio
+    from contextlib import ExitStack
 
     from openai import AsyncOpenAI
     from transformers import AutoTokenizer
@@ -126,12 +137,12 @@ def end_to_end(tokenizer_name: str, concurrency: int, rounds: int, max_tokens: i
     from hermes_vllm.demo import WEATHER_TOOL
     from hermes_vllm.testing import tiny_model_path
     from hermes_vllm.testing.bias import call_bias
-    from hermes_vllm.testing.server import CPU_ARGS, CPU_ENV, openai_server
+    from hermes_vllm.testing.server import CPU_ARGS, CPU_ENV, openai_server, process_metric
 
     model = str(tiny_model_path(tokenizer_name))  # type: ignore[arg-type]
     bias = {str(k): v for k, v in call_bias(AutoTokenizer.from_pretrained(model)).items()}
 
-    async def burst(url: str) -> tuple[int, float]:
+    async def burst(url: str, requests: int, seed0: int) -> tuple[int, float, float]:
         client = AsyncOpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600)
         slots = asyncio.Semaphore(concurrency)
 
@@ -148,38 +159,38 @@ def end_to_end(tokenizer_name: str, concurrency: int, rounds: int, max_tokens: i
                 )
             return reply.usage.completion_tokens if reply.usage else 0
 
-        await asyncio.gather(*(one(i) for i in range(concurrency)))  # warm-up: compiles, caches
-        start = time.perf_counter()
-        counts = await asyncio.gather(
-            *(one(r * concurrency + i) for r in range(rounds) for i in range(concurrency))
-        )
-        return sum(counts), time.perf_counter() - start
+        cpu, start = process_metric(url, CPU_SECONDS), time.perf_counter()
+        counts = await asyncio.gather(*(one(seed0 + i) for i in range(requests)))
+        wall = time.perf_counter() - start
+        return sum(counts), wall, process_metric(url, CPU_SECONDS) - cpu
 
-    # Two passes in opposite orders, so drift in the machine's load hits every configuration alike.
-    samples: dict[str, list[tuple[int, float]]] = {name: [] for name in E2E_SERVERS}
-    for order in (list(E2E_SERVERS), list(reversed(E2E_SERVERS))):
-        for name in order:
-            with openai_server(model, (*E2E_SERVERS[name], *CPU_ARGS), CPU_ENV) as url:
-                samples[name].append(asyncio.run(burst(url)))
-            print(
-                json.dumps(
-                    {"server": name, "tok_per_s": round(samples[name][-1][0] / samples[name][-1][1], 1)}
-                )
-            )
+    names = list(E2E_SERVERS)
+    samples: dict[str, list[tuple[int, float, float]]] = {name: [] for name in names}
+    with ExitStack() as stack:
+        urls = {
+            n: stack.enter_context(openai_server(model, (*E2E_SERVERS[n], *CPU_ARGS), CPU_ENV)) for n in names
+        }
+        for name in names:  # warm-up: compiles, caches
+            asyncio.run(burst(urls[name], concurrency, 0))
+        for k in range(passes):
+            for name in names[k % len(names) :] + names[: k % len(names)]:
+                samples[name].append(asyncio.run(burst(urls[name], concurrency * rounds, 1000 * k)))
+            rates = {n: [round(samples[n][-1][0] / x, 1) for x in samples[n][-1][1:]] for n in names}
+            print(json.dumps({"pass": k, "tok_per_wall_s, tok_per_cpu_s": rates}), flush=True)
     results = []
-    for name, runs in samples.items():
-        tokens, seconds = sum(t for t, _ in runs), sum(s for _, s in runs)
-        results.append(
-            {
-                "server": name,
-                "tokens": tokens,
-                "seconds": round(seconds, 2),
-                "tok_per_s": round(tokens / seconds, 1),
+    for name in names:
+        row: dict[str, Any] = {"server": name, "tokens": sum(t for t, _, _ in samples[name])}
+        for i, unit in ((1, "wall"), (2, "cpu")):
+            seconds = sum(sample[i] for sample in samples[name])
+            pairs = zip(samples[name], samples["off"], strict=True)
+            ratios = [(mine[0] / mine[i]) / (off[0] / off[i]) for mine, off in pairs]
+            row |= {
+                f"{unit}_s": round(seconds, 2),
+                f"tok_per_{unit}_s": round(row["tokens"] / seconds, 1),
+                f"x_off_{unit}": round(statistics.median(ratios), 3),
+                f"x_off_{unit}_range": [round(min(ratios), 3), round(max(ratios), 3)],
             }
-        )
-    off = results[0]["tok_per_s"]
-    for r in results:
-        r["x_off"] = round(r["tok_per_s"] / off, 3)
+        results.append(row)
     print(json.dumps(results), flush=True)
     return results
 
@@ -260,8 +271,9 @@ def main() -> None:
     parser.add_argument("--e2e", action="store_true", help="also measure served tokens/s (three servers)")
     parser.add_argument("--first-token", action="store_true", help="also measure the compile wait")
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=2, help="requests per burst / concurrency")
     parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--passes", type=int, default=6, help="bursts per server in --e2e")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
     results = measure(args.tokenizer, args.batch, args.share, args.steps)
@@ -271,7 +283,9 @@ def main() -> None:
     if args.first_token:
         report["first_token"] = first_token(args.tokenizer, 15)
     if args.e2e:
-        report["end_to_end"] = end_to_end(args.tokenizer, args.concurrency, args.rounds, args.max_tokens)
+        report["end_to_end"] = end_to_end(
+            args.tokenizer, args.concurrency, args.rounds, args.max_tokens, args.passes
+        )
     stem.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     plot(results, stem.with_suffix(".png"))
 

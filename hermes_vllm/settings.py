@@ -30,7 +30,7 @@ class Limits:
     compile_timeout_s: float = 20.0
     """Wall time one grammar compile may take before the request fails."""
     compile_threads: int = 2
-    """Background compile threads per engine process."""
+    """Background compile threads per engine process, and the threads one xgrammar compile uses."""
     cache_bytes: int = 256 * 1024 * 1024
     """Memory the compiled-grammar cache may hold."""
     xgrammar_cache_bytes: int = 64 * 1024 * 1024

@@ -287,30 +287,35 @@ class ConstraintCore:
 
         ``updates`` holds ``(logits_row, state, tokens committed since the last step)``. Gated rows
         in clean free text that received one token are checked against the gate in one vectorised
-        lookup: the common case costs no Python work beyond this loop.
+        lookup and, when the token cannot touch a tag, go no further: the common case costs one
+        pass of this loop and nothing in :meth:`mask`.
         """
-        quiet: dict[bytes, list[tuple[RowState, int]]] = {}
-        for _, state, tokens in updates:
+        quiet: dict[bytes, list[tuple[int, RowState, int]]] = {}
+        active: list[tuple[int, RowState]] = []
+        for row, state, tokens in updates:
             if (
                 len(tokens) == 1
                 and state.gated
                 and state.matcher is None
                 and state.watch
                 and not state.pending
+                and state.failed is None
             ):
-                quiet.setdefault(state.watch, []).append((state, tokens[0]))
+                quiet.setdefault(state.watch, []).append((row, state, tokens[0]))
             else:
                 self.advance(state, tokens)
+                active.append((row, state))
         for watch, group in quiet.items():
             holds = self._watch_array(watch)
-            ids = np.fromiter((t for _, t in group), dtype=np.int64, count=len(group))
+            ids = np.fromiter((t for _, _, t in group), dtype=np.int64, count=len(group))
             hits = holds[np.clip(ids, 0, len(holds) - 1)] | (ids < 0) | (ids >= len(holds))
-            for (state, token), hit in zip(group, hits.tolist(), strict=True):
+            for (row, state, token), hit in zip(group, hits.tolist(), strict=True):
                 if hit:
                     self.advance(state, (token,))
+                    active.append((row, state))
                 else:
                     state.consumed += 1
-        return self.mask(logits, [(row, state) for row, state, _ in updates])
+        return self.mask(logits, active)
 
     def mask(self, logits: torch.Tensor, rows: Sequence[tuple[int, RowState]]) -> torch.Tensor:
         """Fill the step's bitmask for ``(logits_row, state)`` pairs and apply it in place."""

@@ -116,18 +116,20 @@ class ToolCallLogitsProcessor(V2LogitsProcessor):  # type: ignore[misc]
             self._event.record()
         self._copied = {slot: i for i, slot in enumerate(slots)}
 
-    def _new_tokens(self, slot: int, state: RowState) -> list[int]:
+    def _new_tokens(self, slot: int, state: RowState, host: list[list[int]]) -> list[int]:
+        """The slot's tokens since the last step, from ``host`` (this step's copy, as lists)."""
         i = self._copied.get(slot)
         if i is None:
             return []
-        total = int(self._host[i, 0])
-        outputs = total - int(self.req_states.prompt_len.np[slot])
-        fresh = outputs - state.consumed
+        total = host[i][0]
+        prompt = int(self.req_states.prompt_len.np[slot])
+        fresh = total - prompt - state.consumed
         if fresh <= 0:
             return []
         if fresh <= _WINDOW:
-            return [int(t) for t in self._host[i, 1 + _WINDOW - fresh :]]
-        start = int(self.req_states.prompt_len.np[slot]) + state.consumed
+            return host[i][1 + _WINDOW - fresh :]
+        # More than the window since the last look (e.g. a long pause): a blocking read, rare.
+        start = prompt + state.consumed
         return [int(t) for t in self.req_states.all_token_ids.gpu[slot, start:total].tolist()]
 
     def apply(self, logits: torch.Tensor, ctx: LogitsContext) -> torch.Tensor:
@@ -135,9 +137,10 @@ class ToolCallLogitsProcessor(V2LogitsProcessor):  # type: ignore[misc]
             return logits
         if self._event is not None:
             self._event.synchronize()
+        host = self._host[: len(self._copied)].tolist()  # one conversion, not one per row
         updates = []
         for row, slot in enumerate(ctx.idx_mapping_np.tolist()):
             state = self.slots.get(slot)
             if state is not None:
-                updates.append((row, state, self._new_tokens(slot, state)))
+                updates.append((row, state, self._new_tokens(slot, state, host)))
         return self.core.step(logits, updates)

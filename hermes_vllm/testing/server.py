@@ -83,6 +83,20 @@ def _stop(proc: subprocess.Popen[bytes], grace: float) -> None:
         proc.wait()
 
 
+def process_metric(base_url: str, name: str) -> float:
+    """One of the server process's Prometheus gauges (e.g. ``process_cpu_seconds_total``).
+
+    With ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (:data:`CPU_ENV`) the engine runs in that process,
+    so its CPU seconds cover the whole serving cost; unlike wall time they do not count the time
+    other tenants of a shared machine take.
+    """
+    with urllib.request.urlopen(base_url.removesuffix("/v1") + "/metrics", timeout=10) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise LookupError(f"the server reports no {name}")
+
+
 @contextmanager
 def openai_server(
     model: str | Path,
