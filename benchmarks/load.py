@@ -5,10 +5,10 @@ N concurrent clients send a fixed number of requests, mixed: tool requests throu
 requests that carry their constraint in ``vllm_xargs`` directly, requests without tools, streaming
 and not, malformed tool schemas (must be HTTP 400), and clients that hang up mid-stream.
 
-Reported: requests by kind and outcome, p50/p99 latency, server RSS before and after (from
-``/metrics``), and the share of returned calls that validate against their schema. Targets: no
-server error for well-formed requests, 100% valid calls, RSS growth bounded by the cache limit,
-no request stuck past the timeout.
+Reported: requests by kind and outcome, p50/p99 latency, RSS of the server and its engine core
+before and after, and the share of returned calls that validate against their schema. Targets: no
+server error for well-formed requests, 100% valid calls, RSS growth bounded by the two grammar
+caches' limits, no request stuck past the timeout.
 
 Usage: python benchmarks/load.py [--clients 64] [--requests 512] [--out DIR]
 """
@@ -132,28 +132,29 @@ async def one_request(client: Any, work: Workload, kind: str, rng: random.Random
 async def client_loop(url: str, work: Workload, queue: asyncio.Queue[str], seed: int) -> None:
     import openai
 
-    client = openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0, timeout=work.timeout)
     rng = random.Random(seed)
-    while True:
-        try:
-            kind = queue.get_nowait()
-        except asyncio.QueueEmpty:
-            return
-        start = time.perf_counter()
-        try:
-            outcome = await asyncio.wait_for(one_request(client, work, kind, rng), work.timeout)
-        except openai.BadRequestError as err:
-            outcome = Outcome(kind, "http_400", time.perf_counter() - start, detail=str(err)[:200])
-        except TimeoutError:
-            outcome = Outcome(kind, "stuck", time.perf_counter() - start)
-        except openai.APIError as err:
-            outcome = Outcome(
-                kind, f"error_{type(err).__name__}", time.perf_counter() - start, detail=str(err)[:200]
-            )
-        work.outcomes.append(outcome)
+    client = openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0, timeout=work.timeout)
+    async with client:
+        while True:
+            try:
+                kind = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            start = time.perf_counter()
+            try:
+                outcome = await asyncio.wait_for(one_request(client, work, kind, rng), work.timeout)
+            except openai.BadRequestError as err:
+                outcome = Outcome(kind, "http_400", time.perf_counter() - start, detail=str(err)[:200])
+            except TimeoutError:
+                outcome = Outcome(kind, "stuck", time.perf_counter() - start)
+            except openai.APIError as err:
+                elapsed = time.perf_counter() - start
+                outcome = Outcome(kind, f"error_{type(err).__name__}", elapsed, detail=str(err)[:200])
+            work.outcomes.append(outcome)
 
 
-def summarize(work: Workload, rss_before: int, rss_after: int, cache_bytes: int) -> dict[str, Any]:
+def summarize(work: Workload, rss: list[int], cache_bytes: int) -> dict[str, Any]:
+    """``rss``: the server tree's RSS at start and after each phase (the first phase warms up)."""
     outcomes = work.outcomes
     latencies = sorted(o.seconds for o in outcomes if o.status == "ok")
     by_kind: dict[str, Counter[str]] = {}
@@ -174,9 +175,9 @@ def summarize(work: Workload, rss_before: int, rss_after: int, cache_bytes: int)
         "tool_calls": calls,
         "valid_tool_calls": valid,
         "valid_share": round(valid / calls, 4) if calls else None,
-        "rss_before_mb": round(rss_before / 2**20, 1),
-        "rss_after_mb": round(rss_after / 2**20, 1),
-        "rss_growth_mb": round((rss_after - rss_before) / 2**20, 1),
+        "rss_mb": [round(r / 2**20, 1) for r in rss],
+        "rss_warm_up_mb": round((rss[1] - rss[0]) / 2**20, 1),
+        "rss_growth_mb": round((rss[-1] - rss[1]) / 2**20, 1),
         "cache_limit_mb": round(cache_bytes / 2**20, 1),
         "stuck": sum(1 for o in outcomes if o.status == "stuck"),
         "error_details": sorted(
@@ -186,14 +187,25 @@ def summarize(work: Workload, rss_before: int, rss_after: int, cache_bytes: int)
 
 
 def run(
-    clients: int, requests: int, max_tokens: int, timeout: float, cache_mb: int, seed: int = 0
+    clients: int,
+    requests: int,
+    max_tokens: int,
+    timeout: float,
+    cache_mb: int,
+    phases: int = 4,
+    seed: int = 0,
 ) -> dict[str, Any]:
+    """Serve, drive ``requests`` in ``phases`` equal parts, and sample RSS before and after each.
+
+    The first phase is the warm-up (vocabulary tables, the second engine, allocator arenas): the
+    growth that must stay within the caches' limits is the one after it.
+    """
     from transformers import AutoTokenizer
 
     from hermes_vllm.testing import tiny_model_path
     from hermes_vllm.testing.bias import call_bias
     from hermes_vllm.testing.corpus import bfcl_files, load_bfcl
-    from hermes_vllm.testing.server import CPU_ARGS, CPU_ENV, openai_server, process_metric
+    from hermes_vllm.testing.server import CPU_ARGS, CPU_ENV, openai_server, server_usage
 
     model = str(tiny_model_path())
     bias = {
@@ -205,7 +217,12 @@ def run(
     rng = random.Random(seed)
     kinds = [KINDS[i % len(KINDS)] for i in range(requests)]
     rng.shuffle(kinds)
-    env = {**CPU_ENV, "HERMES_VLLM_CACHE_BYTES": str(cache_mb << 20)}
+    # Both caches of compiled grammars (ours and xgrammar's rule masks) get ``cache_mb`` each.
+    env = {
+        **CPU_ENV,
+        "HERMES_VLLM_CACHE_BYTES": str(cache_mb << 20),
+        "HERMES_VLLM_XGRAMMAR_CACHE_BYTES": str(cache_mb << 20),
+    }
     flags = (
         "--enable-auto-tool-choice",
         "--tool-call-parser",
@@ -217,19 +234,20 @@ def run(
     with openai_server(
         model, (*flags, *CPU_ARGS, "--max-num-seqs", str(max(clients, 16))), env, log_path=log
     ) as url:
-        before = int(process_metric(url, "process_resident_memory_bytes"))
-        queue: asyncio.Queue[str] = asyncio.Queue()
-        for kind in kinds:
-            queue.put_nowait(kind)
-
-        async def drive() -> None:
-            await asyncio.gather(*(client_loop(url, work, queue, seed + i) for i in range(clients)))
-
+        rss = [server_usage(url).rss_bytes]
         start = time.perf_counter()
-        asyncio.run(drive())
+        for phase in range(phases):
+            queue: asyncio.Queue[str] = asyncio.Queue()
+            for kind in kinds[phase * len(kinds) // phases : (phase + 1) * len(kinds) // phases]:
+                queue.put_nowait(kind)
+
+            async def drive(queue: asyncio.Queue[str] = queue) -> None:
+                await asyncio.gather(*(client_loop(url, work, queue, seed + i) for i in range(clients)))
+
+            asyncio.run(drive())
+            rss.append(server_usage(url).rss_bytes)
         elapsed = time.perf_counter() - start
-        after = int(process_metric(url, "process_resident_memory_bytes"))
-    summary = summarize(work, before, after, cache_mb << 20)
+    summary = summarize(work, rss, 2 * cache_mb << 20)
     summary |= {
         "clients": clients,
         "wall_s": round(elapsed, 1),
@@ -252,10 +270,11 @@ def main() -> None:
     parser.add_argument(
         "--timeout", type=float, default=300.0, help="seconds before a request counts as stuck"
     )
-    parser.add_argument("--cache-mb", type=int, default=32, help="HERMES_VLLM_CACHE_BYTES for the server")
+    parser.add_argument("--cache-mb", type=int, default=32, help="limit of each grammar cache")
+    parser.add_argument("--phases", type=int, default=4, help="RSS is sampled after each; the first warms up")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
-    summary = run(args.clients, args.requests, args.max_tokens, args.timeout, args.cache_mb)
+    summary = run(args.clients, args.requests, args.max_tokens, args.timeout, args.cache_mb, args.phases)
     print(json.dumps(summary, indent=2))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"load-{args.clients}x{args.requests}.json").write_text(

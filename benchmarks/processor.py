@@ -104,7 +104,6 @@ def measure(
     return results
 
 
-CPU_SECONDS = "process_cpu_seconds_total"
 E2E_SERVERS: dict[str, tuple[str, ...]] = {
     "off": ("--enable-auto-tool-choice", "--tool-call-parser", "hermes"),
     "hermes_vllm": ("--enable-auto-tool-choice", "--tool-call-parser", "hermes_vllm"),
@@ -126,7 +125,8 @@ def end_to_end(
     The three servers stay up together (idle ones cost nothing) and take turns: ``passes`` bursts
     each, in rotating order, so the shared machine's drift hits every configuration alike. Each
     figure is a ratio to "off" (the median of the per-pass ratios, with their range), per wall
-    second and per CPU second of the server process (the steadier figure on a shared machine).
+    second and per CPU second of the server and its engine core (the steadier figure on a shared
+    machine).
     """
     import asyncio
     from contextlib import ExitStack
@@ -137,7 +137,7 @@ def end_to_end(
     from hermes_vllm.demo import WEATHER_TOOL
     from hermes_vllm.testing import tiny_model_path
     from hermes_vllm.testing.bias import call_bias
-    from hermes_vllm.testing.server import CPU_ARGS, CPU_ENV, openai_server, process_metric
+    from hermes_vllm.testing.server import CPU_ARGS, CPU_ENV, openai_server, server_usage
 
     model = str(tiny_model_path(tokenizer_name))  # type: ignore[arg-type]
     bias = {str(k): v for k, v in call_bias(AutoTokenizer.from_pretrained(model)).items()}
@@ -159,10 +159,10 @@ def end_to_end(
                 )
             return reply.usage.completion_tokens if reply.usage else 0
 
-        cpu, start = process_metric(url, CPU_SECONDS), time.perf_counter()
+        cpu, start = server_usage(url).cpu_seconds, time.perf_counter()
         counts = await asyncio.gather(*(one(seed0 + i) for i in range(requests)))
         wall = time.perf_counter() - start
-        return sum(counts), wall, process_metric(url, CPU_SECONDS) - cpu
+        return sum(counts), wall, server_usage(url).cpu_seconds - cpu
 
     names = list(E2E_SERVERS)
     samples: dict[str, list[tuple[int, float, float]]] = {name: [] for name in names}

@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 from hermes_vllm.dialect import DEFAULT_DIALECT, available_dialects
+from hermes_vllm.memo import memoize_small
 from hermes_vllm.schema import Coverage
 
 ARGS_KEY = "hermes_vllm"
@@ -62,7 +62,7 @@ def has_constraint(extra_args: Mapping[str, Any] | None) -> bool:
     return bool(extra_args) and ARGS_KEY in extra_args  # type: ignore[operator]
 
 
-@lru_cache(maxsize=1024)
+@memoize_small(len)
 def _decode(raw: str) -> ConstraintRequest:
     try:
         data = json.loads(raw)

@@ -38,8 +38,8 @@ class Limits:
     (JSON strings, numbers, tags), which makes a new tool set's compile about 2.5x faster."""
     max_call_whitespace: int = 1
     """Whitespace characters allowed in each gap between two JSON tokens inside a call (and around
-    the call's JSON). One covers compact and ``json.dumps`` style; xgrammar's masks cost about 3.5x
-    more from two on (benchmarks/results/whitespace.json)."""
+    the call's JSON). One covers compact and ``json.dumps`` style; xgrammar's masks inside calls
+    cost about 4x more with 4 (benchmarks/results/compile-whitespace4.json)."""
 
 
 def _coerce(raw: str, kind: type) -> object:

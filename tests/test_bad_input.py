@@ -15,6 +15,7 @@ import pytest
 
 from hermes_vllm import constraint_args
 from hermes_vllm.grammar import ToolGrammarCompiler
+from hermes_vllm.memo import MAX_CHARS, memoize_small
 from hermes_vllm.processor.core import validate_request
 from hermes_vllm.settings import Limits
 
@@ -146,3 +147,18 @@ def test_limits_are_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -
         monkeypatch.delenv("HERMES_VLLM_MAX_TOOLS")
         monkeypatch.delenv("HERMES_VLLM_COMPILE_TIMEOUT_S")
         settings.get_limits.cache_clear()
+
+
+def test_request_memos_never_hold_maximum_size_inputs() -> None:
+    """A client sending many maximum-size schemas cannot fill the per-request memos with them."""
+    seen: list[str] = []
+
+    @memoize_small(len)
+    def check(text: str) -> int:
+        seen.append(text)
+        return len(text)
+
+    small, large = "x" * 10, "y" * (MAX_CHARS + 1)
+    for text in (small, small, large, large):
+        assert check(text) == len(text)
+    assert seen == [small, large, large]

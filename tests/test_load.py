@@ -24,7 +24,7 @@ def test_load_targets_hold() -> None:
     load = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = load  # its dataclasses look their module up there
     spec.loader.exec_module(load)
-    summary = load.run(clients=6, requests=35, max_tokens=120, timeout=240.0, cache_mb=4)
+    summary = load.run(clients=6, requests=35, max_tokens=120, timeout=240.0, cache_mb=4, phases=2)
     assert summary["requests"] == 35
     assert summary["well_formed_errors"] == 0, summary["outcomes"]
     assert summary["stuck"] == 0

@@ -28,7 +28,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -41,6 +41,7 @@ from hermes_vllm.grammar import GrammarCompileError, ToolGrammarCompiler
 from hermes_vllm.grammar.compiler import CompiledToolGrammar, PreparedTurn, ToolCallMatcher, prepare_turn
 from hermes_vllm.grammar.engines import get_engine_class
 from hermes_vllm.grammar.engines.base import EngineGrammar, allocate_bitmask
+from hermes_vllm.memo import ENTRIES, MAX_CHARS, memoize_small
 from hermes_vllm.settings import get_limits
 from hermes_vllm.spans import partial_tag_suffix, split_spans
 
@@ -49,8 +50,6 @@ logger = logging.getLogger(__name__)
 # From this many rows needing the engine, filling them in one multi-threaded call beats
 # per-row fills that can skip all-allowed rows.
 BATCH_FILL_MIN = 8
-# Recent requests' validated tool sets, by their constraint JSON: agents resend the same tools.
-PREPARED_CACHE = 512
 
 
 def validate_request(extra_args: Any, engine: str) -> ConstraintRequest | None:
@@ -61,7 +60,7 @@ def validate_request(extra_args: Any, engine: str) -> ConstraintRequest | None:
     return request
 
 
-@lru_cache(maxsize=1024)
+@memoize_small(lambda request, engine: len(request.raw))
 def _validate(request: ConstraintRequest, engine: str) -> None:
     """Cached by the request's constraint: agents resend the same tools with every turn."""
     engine_cls = get_engine_class(engine)
@@ -72,7 +71,7 @@ def _validate(request: ConstraintRequest, engine: str) -> None:
     engine_cls.check(prepared.spec)
 
 
-@dataclass
+@dataclass(slots=True)
 class RowState:
     """One constrained request's progress."""
 
@@ -168,9 +167,10 @@ class ConstraintCore:
                 list(request.tools), request.tool_choice, request.parallel_tool_calls, request.dialect,
                 request.coverage, admitted=True,
             )  # fmt: skip
-            self._prepared[request.raw] = prepared
-            if len(self._prepared) > PREPARED_CACHE:
-                self._prepared.popitem(last=False)
+            if len(request.raw) <= MAX_CHARS:  # recent tool sets: agents resend the same tools
+                self._prepared[request.raw] = prepared
+                if len(self._prepared) > ENTRIES:
+                    self._prepared.popitem(last=False)
         else:
             self._prepared.move_to_end(request.raw)
         stops = tuple(dict.fromkeys((*self.compiler.vocab.stop_token_ids, *stop_token_ids)))

@@ -8,6 +8,7 @@ matchers are advanced.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -49,10 +50,15 @@ class V1ToolCallLogitsProcessor(V1LogitsProcessor):  # type: ignore[misc]
         if not self.rows or self.core is None:
             return logits
         rows = logits.shape[0]
-        updates = []
+        updates: list[tuple[int, RowState, Sequence[int]]] = []
         for row, (state, output) in self.rows.items():
             if row < rows:
-                new = output[state.consumed :]
+                consumed = state.consumed
+                if len(output) == consumed + 1:  # the common case: one new token, no list copy
+                    token = output[consumed]
+                    updates.append((row, state, () if token == -1 else (token,)))
+                    continue
+                new = output[consumed:]
                 if new and new[-1] == -1:
                     new = new[: new.index(-1)]
                 updates.append((row, state, new))

@@ -11,11 +11,11 @@ import copy
 import json
 import logging
 from collections.abc import Mapping, Sequence
-from functools import lru_cache
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from hermes_vllm.memo import memoize_small
 from hermes_vllm.schema.rewrite import (
     make_explicit,
     object_root,
@@ -100,9 +100,9 @@ def _function_of(raw: JSON, index: int) -> Mapping[str, JSON]:
     return raw
 
 
-@lru_cache(maxsize=4096)
+@memoize_small(len)
 def _metaschema_problem(params_json: str) -> tuple[str, str] | None:
-    """(path, message) of the first metaschema violation, cached: the check costs milliseconds."""
+    """(path, message) of the first metaschema violation, memoised: the check costs milliseconds."""
     try:
         Draft202012Validator.check_schema(json.loads(params_json))
     except SchemaError as err:

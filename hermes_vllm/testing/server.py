@@ -20,7 +20,11 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
+
+import psutil
 
 logger = logging.getLogger(__name__)
 
@@ -83,18 +87,29 @@ def _stop(proc: subprocess.Popen[bytes], grace: float) -> None:
         proc.wait()
 
 
-def process_metric(base_url: str, name: str) -> float:
-    """One of the server process's Prometheus gauges (e.g. ``process_cpu_seconds_total``).
+@dataclass(frozen=True)
+class Usage:
+    """What a server's processes have used so far, summed over the server and its engine core."""
 
-    With ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (:data:`CPU_ENV`) the engine runs in that process,
-    so its CPU seconds cover the whole serving cost; unlike wall time they do not count the time
-    other tenants of a shared machine take.
+    cpu_seconds: float
+    """User plus system time: unlike wall time, not stretched by other tenants of the machine."""
+    rss_bytes: int
+
+
+def server_usage(base_url: str) -> Usage:
+    """CPU time and resident memory of the server listening on ``base_url`` and its children.
+
+    The OpenAI server runs its engine core in a child process even with
+    ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so the server's own ``/metrics`` miss most of the work.
     """
-    with urllib.request.urlopen(base_url.removesuffix("/v1") + "/metrics", timeout=10) as response:
-        for line in response.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    raise LookupError(f"the server reports no {name}")
+    port = urlsplit(base_url).port
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
+            root = psutil.Process(conn.pid)
+            tree = [root, *root.children(recursive=True)]
+            times = [p.cpu_times() for p in tree]
+            return Usage(sum(t.user + t.system for t in times), sum(p.memory_info().rss for p in tree))
+    raise LookupError(f"no process listens on port {port}")
 
 
 @contextmanager
