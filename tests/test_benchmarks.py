@@ -39,3 +39,9 @@ def test_processor_per_step_runs(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "processor-mistral-v1.json").read_text())
     assert {r["span_share"] for r in report["per_step"]} == {0.0, 1.0}
     assert (tmp_path / "processor-mistral-v1.png").stat().st_size > 0
+
+
+def test_memory_runs(tmp_path: Path) -> None:
+    run("memory.py", "--mode", "tools", "--long", "--phases", "2", "--per-phase", "4", out=tmp_path)
+    report = json.loads((tmp_path / "memory-tools-long.json").read_text())
+    assert len(report["rss_mb"]) == 3 and report["per_phase"] == 4
