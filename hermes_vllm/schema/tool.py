@@ -183,6 +183,15 @@ def normalize_tools(
         raise ToolSchemaError(
             None, "", f"{len(tools)} tools exceed the limit of {limits.max_tools} (HERMES_VLLM_MAX_TOOLS)"
         )
+    # Measured as sent, before any work on it (normalising drops annotations such as descriptions).
+    size = len(json.dumps(list(tools), ensure_ascii=False, separators=(",", ":"), default=repr))
+    if size > limits.max_schema_bytes:
+        raise ToolSchemaError(
+            None,
+            "",
+            f"{size} bytes of schema exceed the limit of {limits.max_schema_bytes} "
+            "(HERMES_VLLM_MAX_SCHEMA_BYTES)",
+        )
     specs = tuple(
         normalize_tool(t, i, limits, check_metaschema=check_metaschema) for i, t in enumerate(tools)
     )
@@ -191,14 +200,6 @@ def normalize_tools(
         if spec.name in seen:
             raise ToolSchemaError(spec.name, "name", "defined more than once; tool names must be unique")
         seen.add(spec.name)
-    size = len(canonical_json([s.parameters for s in specs]))
-    if size > limits.max_schema_bytes:
-        raise ToolSchemaError(
-            None,
-            "",
-            f"{size} bytes of schema exceed the limit of {limits.max_schema_bytes} "
-            "(HERMES_VLLM_MAX_SCHEMA_BYTES)",
-        )
     return specs
 
 
