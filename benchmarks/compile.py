@@ -9,8 +9,9 @@ spread ``--limit`` of them), in lenient coverage so that every engine compiles w
 - cold compile: a cache miss through ``ToolGrammarCompiler`` (submit to the compile pool, wait);
 - cached: the cache-hit path of ``ToolGrammarCompiler`` (key, lookup, future) for a prepared request,
   and, apart, ``prepare`` (normalise + coverage), which runs once per request at admission;
-- mask fill: one ``fill_bitmask`` before each token of ``text <tool_call>{ground truth}</tool_call> text``,
-  split into positions inside the call span and outside it (free text);
+- mask fill: one ``fill_bitmask`` of the public matcher (``CompiledToolGrammar.matcher()``) before each
+  token of ``text <tool_call>{ground truth}</tool_call> text``, split into positions inside the call
+  span and outside it (free text, where the matcher copies the grammar's start mask);
 - size: the compiled grammar's ``memory_bytes`` (llguidance: its grammar text, a lower bound;
   outlines: its serialised index).
 
@@ -35,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from hermes_vllm.grammar import GrammarCompileError, ToolGrammarCompiler, ToolSchemaError
+from hermes_vllm.grammar import CompiledToolGrammar, GrammarCompileError, ToolGrammarCompiler, ToolSchemaError
 from hermes_vllm.grammar.cache import GrammarCache
 from hermes_vllm.grammar.engines.base import EngineGrammar, allocate_bitmask
 from hermes_vllm.schema import canonical_json
@@ -108,26 +109,30 @@ def measure_set(compiler: ToolGrammarCompiler, case: BfclCase, span: tuple[int, 
     result.prepare_ms = (time.perf_counter() - start) * 1e3
     start = time.perf_counter()
     try:
-        grammar = compiler.result(prepared, compiler.submit(prepared)).grammar
+        compiled = compiler.result(prepared, compiler.submit(prepared))
     except GrammarCompileError as err:
         return SetResult(case.id, len(case.tools), "refused", str(err)[:300])
     result.cold_ms = (time.perf_counter() - start) * 1e3
-    result.size_bytes = grammar.memory_bytes
+    result.size_bytes = compiled.memory_bytes
     for _ in range(CACHED_REPEATS):
         start = time.perf_counter()
         compiler.result(prepared, compiler.submit(prepared))
         result.cached_us.append((time.perf_counter() - start) * 1e6)
-    _walk(compiler, grammar, walk_text(case), span, result)
+    _walk(compiler, compiled, walk_text(case), span, result)
     return result
 
 
 def _walk(
-    compiler: ToolGrammarCompiler, grammar: EngineGrammar, text: str, span: tuple[int, int], result: SetResult
+    compiler: ToolGrammarCompiler,
+    compiled: CompiledToolGrammar,
+    text: str,
+    span: tuple[int, int],
+    result: SetResult,
 ) -> None:
     """Fill the mask before each token and accept it; inside = after the call tag, up to its end tag."""
     tokenizer = compiler.vocab.tokenizer
     ids = tokenizer.encode(text, add_special_tokens=False)
-    matcher = grammar.matcher(compiler.vocab.stop_token_ids)
+    matcher = compiled.matcher()
     bitmask = allocate_bitmask(1, compiler.vocab.vocab_size)
     inside = False
     for index, token in enumerate(ids):

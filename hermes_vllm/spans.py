@@ -57,11 +57,12 @@ def payload_end(text: str, pos: int) -> int | None:
     return None
 
 
-def _call_end(text: str, body_start: int, end_tag: str) -> tuple[int, int] | None:
+def _call_end(text: str, body_start: int, end_tag: str, strict: bool = False) -> tuple[int, int] | None:
     """(body end, span end) of a call whose body starts at ``body_start``, or None if unclosed.
 
     The closing tag must follow the balanced payload; when the payload is not balanced
-    (a broken call) the first closing tag after the opening ends it.
+    (a broken call) the first closing tag after the opening ends it, unless ``strict``: then
+    only a balanced payload followed by the tag closes the call, as in the grammar.
     """
     j = body_start
     while j < len(text) and text[j].isspace():
@@ -74,12 +75,18 @@ def _call_end(text: str, body_start: int, end_tag: str) -> tuple[int, int] | Non
                 return tag_at, tag_at + len(end_tag)
             if tag_at == -1:
                 return None
+    if strict:
+        return None
     tag_at = text.find(end_tag, body_start)
     return None if tag_at == -1 else (tag_at, tag_at + len(end_tag))
 
 
-def split_spans(text: str, dialect: str | Dialect = "hermes") -> list[Span]:
-    """Split ``text`` into consecutive spans covering it entirely, in order."""
+def split_spans(text: str, dialect: str | Dialect = "hermes", *, strict: bool = False) -> list[Span]:
+    """Split ``text`` into consecutive spans covering it entirely, in order.
+
+    ``strict``: a call is closed only by its balanced payload and the closing tag (what the grammar
+    admits), never by a closing tag inside an unfinished payload; for text still being written.
+    """
     d = get_dialect(dialect)
     openers: list[tuple[str, SpanKind, TagPair]] = [(d.tool_call.begin, "call", d.tool_call)]
     openers += [(p.begin, "reasoning", p) for p in d.reasoning]
@@ -97,7 +104,7 @@ def split_spans(text: str, dialect: str | Dialect = "hermes") -> list[Span]:
             spans.append(Span("text", text_start, at, text[text_start:at]))
         body_start = at + len(pair.begin)
         if kind == "call":
-            bounds = _call_end(text, body_start, pair.end)
+            bounds = _call_end(text, body_start, pair.end, strict)
         else:
             tag_at = text.find(pair.end, body_start)
             bounds = None if tag_at == -1 else (tag_at, tag_at + len(pair.end))
@@ -123,3 +130,37 @@ def partial_tag_suffix(text: str, tags: tuple[str, ...]) -> int:
                 best = k
                 break
     return best
+
+
+@dataclass(frozen=True)
+class Tail:
+    """How a text ends, as far as the tool-call grammar cares: what the span gates read."""
+
+    open: Span | None
+    """The span the text ends inside (its closing tag not yet written), if any."""
+    begun: Literal["call", "span"] | None
+    """A call tag, or a reasoning/hidden span's tag, partly written at the very end."""
+    calls: int
+    """Complete or open calls in the text."""
+    end_begun: bool
+    """The open span's closing tag is partly written at the very end."""
+
+    @property
+    def clean(self) -> bool:
+        """Free text with no span open and no tag begun: the grammar is back where a turn starts."""
+        return self.open is None and self.begun is None
+
+
+def read_tail(text: str, dialect: Dialect) -> Tail:
+    """Where ``text`` (a turn, or its part since a clean point) stands; see :class:`Tail`."""
+    spans = split_spans(text, dialect, strict=True)
+    last = spans[-1] if spans else None
+    calls = sum(s.kind == "call" for s in spans)
+    if last is not None and not last.closed:
+        assert last.tags is not None
+        return Tail(last, None, calls, bool(partial_tag_suffix(text, (last.tags.end,))))
+    if partial_tag_suffix(text, (dialect.tool_call.begin,)):
+        return Tail(None, "call", calls, False)
+    if partial_tag_suffix(text, tuple(p.begin for p in dialect.free_spans)):
+        return Tail(None, "span", calls, False)
+    return Tail(None, None, calls, False)

@@ -513,3 +513,41 @@ def test_auto_engine_routes_what_xgrammar_compiles_slowly_or_cannot_enforce(toke
         assert not grammar.matcher().accepts_text(
             '<tool_call>{"name": "t", "arguments": {"a": []}}</tool_call>'
         )
+
+
+GATE_TURNS = {
+    "hermes": 'Hi héllo 你好 🙂<tool_call>{"name": "put", "arguments": {"x": "a</tool_call>é"}}</tool_call> then '
+    '<think>a <tool_call> b</think> end <tool_call>\n{"arguments": {"x": "🙂"}, "name": "put"}\n</tool_call>',
+    "chatml-brackets": 'Hi héllo [tool_call]{"name": "put", "arguments": {"x": "[/tool_call]"}}[/tool_call] ok '
+    '[inner_monologue]x[tool_call][/inner_monologue] 你好[tool_call]{"name": "put", "arguments": {"x": "y"}}'
+    "[/tool_call]",
+}
+
+
+@pytest.mark.parametrize("engine", ["xgrammar", "llguidance"])
+@pytest.mark.parametrize("dialect", sorted(GATE_TURNS))
+def test_gated_matcher_masks_exactly_like_the_engine(
+    engine: str, dialect: str, any_tokenizer: Any
+) -> None:
+    """At clean points the public matcher copies the start mask instead of asking the engine: the
+    masks must be equal at every step (split characters, tags in strings and spans, rollback)."""
+    compiler = ToolGrammarCompiler(any_tokenizer, engine=engine, dialect=dialect)
+    compiled = compiler.compile([tool(PUT, "put")])
+    gated, plain = compiled.matcher(), compiled.matcher(gated=False)
+    width = compiler.vocab.vocab_size
+    a, b = allocate_bitmask(1, width), allocate_bitmask(1, width)
+    ids = any_tokenizer.encode(GATE_TURNS[dialect], add_special_tokens=False)
+    skipped = 0
+    for step, token in enumerate(ids):
+        a.zero_()
+        gated.fill_bitmask(a, 0)
+        plain.fill_bitmask(b, 0)
+        assert torch.equal(a, b), f"step {step}: {any_tokenizer.decode(ids[:step])!r}"
+        skipped += gated._gate is not None and gated._gate.clean
+        assert gated.accept_token(token) and plain.accept_token(token)
+        if step == len(ids) // 2:
+            gated.rollback(3)
+            plain.rollback(3)
+            for again in ids[step - 2 : step + 1]:
+                assert gated.accept_token(again) and plain.accept_token(again)
+    assert skipped >= 8, "the test must go through clean points"

@@ -67,3 +67,17 @@ def test_two_workers_mask_identically_whatever_their_compile_timing(tiny_model: 
         masked_steps += int(not torch.isfinite(out_a).all())
     assert masked_steps >= 10, "the call must have been masked"
     assert state_a.failed is None and state_b.failed is None
+
+
+def test_a_closing_tag_inside_an_unfinished_argument_keeps_the_call_constrained(tokenizer: Any) -> None:
+    """``</tool_call>`` inside a JSON string does not end the call: the row stays masked."""
+    core = worker(tokenizer, GrammarCache(64 << 20, threads=1, size_of=lambda g: g.memory_bytes))
+    state = core.admit(constraint_args([TOOL]), [])
+    assert state is not None
+    text = 'Sure. <tool_call>{"name": "get_weather", "arguments": {"city": "a</tool_call>'
+    for token in tokenizer.encode(text, add_special_tokens=False):
+        core.step(torch.zeros((1, len(tokenizer))), [(0, state, [token])])
+    logits = torch.zeros((1, len(tokenizer)))
+    core.step(logits, [(0, state, [])])
+    assert state.matcher is not None and state.failed is None
+    assert not torch.isfinite(logits[0, tokenizer.eos_token_id]), "the call is unfinished: no end of turn"

@@ -65,7 +65,8 @@ class GrammarCache(Generic[T]):
         with self._lock:
             self._pending.pop(key, None)
             if size > self.max_bytes:
-                logger.warning("compiled grammar of %d bytes exceeds the cache limit; not cached", size)
+                if self.max_bytes > 0:  # 0: caching is off
+                    logger.warning("compiled grammar of %d bytes exceeds the cache limit; not cached", size)
                 return
             self._done[key] = (future, size)
             self._bytes += size

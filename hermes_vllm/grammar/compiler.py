@@ -11,15 +11,23 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
+import numpy as np
 import torch
 
 from hermes_vllm.dialect import Dialect, get_dialect
 from hermes_vllm.grammar.cache import GrammarCache
 from hermes_vllm.grammar.engines import get_engine_class
-from hermes_vllm.grammar.engines.base import EngineGrammar, EngineMatcher, GrammarEngine, Vocabulary
+from hermes_vllm.grammar.engines.base import (
+    EngineGrammar,
+    EngineMatcher,
+    GrammarEngine,
+    Vocabulary,
+    allocate_bitmask,
+)
 from hermes_vllm.grammar.turn import TurnSpec, turn_spec
 from hermes_vllm.schema import Coverage, ToolSpec, check_coverage, normalize_tools
 from hermes_vllm.settings import Limits, get_limits
+from hermes_vllm.spans import read_tail
 
 logger = logging.getLogger(__name__)
 
@@ -73,21 +81,42 @@ def prepare_turn(
 
 
 class ToolCallMatcher:
-    """Per-request matcher: feed tokens, fill mask rows, roll back."""
+    """Per-request matcher: feed tokens, fill mask rows, roll back.
 
-    def __init__(self, inner: EngineMatcher, tokenizer: Any) -> None:
+    With a *gate* (``auto`` turns with parallel calls), it follows the text as well. At a clean
+    point (free text at a character boundary, no span open, no tag begun) the grammar is where it
+    started, so :meth:`fill_bitmask` copies the mask of the grammar's start (computed once per
+    compiled grammar) instead of asking the engine, which costs several microseconds a token even
+    in free text. The logits processor gates rows the same way.
+    """
+
+    def __init__(self, inner: EngineMatcher, tokenizer: Any, gate: _Gate | None = None) -> None:
         self._inner = inner
         self._tokenizer = tokenizer
+        self._gate = gate
+        self._view: tuple[torch.Tensor, np.ndarray] | None = None
+        """The last bitmask filled and its numpy view: ``Tensor.numpy()`` costs microseconds."""
 
     def accept_token(self, token_id: int) -> bool:
-        return self._inner.accept_token(token_id)
+        if not self._inner.accept_token(token_id):
+            return False
+        if self._gate is not None:
+            self._gate.feed(token_id)
+        return True
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int = 0) -> bool:
         """Fill ``bitmask[row]``; False when every token is allowed (the row may be left alone)."""
+        if self._gate is not None and self._gate.clean:
+            if self._view is None or self._view[0] is not bitmask:
+                self._view = (bitmask, bitmask.numpy())
+            np.copyto(self._view[1][row], self._gate.start_mask)
+            return True
         return self._inner.fill_bitmask(bitmask, row)
 
     def rollback(self, num_tokens: int = 1) -> None:
         self._inner.rollback(num_tokens)
+        if self._gate is not None:
+            self._gate.rollback(num_tokens)
 
     def is_terminated(self) -> bool:
         return self._inner.is_terminated()
@@ -109,6 +138,73 @@ class ToolCallMatcher:
         return all(self._inner.accept_token(i) for i in ids) and self._inner.can_end()
 
 
+def _utf8_need(need: int, data: str) -> int:
+    """Continuation bytes still missing after ``data`` (bytes as latin-1 chars), given ``need`` before."""
+    for ch in data:
+        byte = ord(ch)
+        if 0x80 <= byte < 0xC0:
+            need = max(need - 1, 0)
+        else:
+            need = 3 if byte >= 0xF0 else 2 if byte >= 0xE0 else 1 if byte >= 0xC0 else 0
+    return need
+
+
+class _Gate:
+    """Follows a matcher's text to know when it is at a clean point (see :class:`ToolCallMatcher`).
+
+    Only tokens holding a tag's first character, or following a partly written tag, can move it
+    off or back to a clean point; the others cost a substring test.
+    """
+
+    def __init__(self, dialect: Dialect, latin1: list[str], start_mask: np.ndarray) -> None:
+        self._dialect = dialect
+        self._latin1 = latin1
+        self.start_mask = start_mask
+        pairs = (dialect.tool_call, *dialect.free_spans)
+        self._marks = "".join(sorted({c for p in pairs for c in (p.begin[0], p.end[0])}))
+        self._history: list[int] = []
+        self._reset()
+
+    def _reset(self) -> None:
+        self.clean = True
+        self._tail = ""
+        """The text since the last clean point."""
+        self._recheck = False
+        """A tag is partly written: the next token must be read whatever it holds."""
+        self._utf8_need = 0
+        """Continuation bytes the last character still needs."""
+
+    def feed(self, token_id: int) -> None:
+        self._history.append(token_id)
+        self._follow(token_id)
+
+    def _follow(self, token_id: int) -> None:
+        text = self._latin1[token_id] if 0 <= token_id < len(self._latin1) else ""
+        ascii_only = text.isascii()
+        if not ascii_only or self._utf8_need:
+            self._utf8_need = _utf8_need(self._utf8_need, text)
+        if not self._recheck and not any(c in text for c in self._marks):
+            if not self.clean:
+                self._tail += text
+            elif self._utf8_need or not ascii_only:
+                self.clean = self._utf8_need == 0
+            return
+        self._tail += text
+        tail = read_tail(self._tail, self._dialect)
+        self.clean = tail.clean and self._utf8_need == 0
+        self._recheck = tail.begun is not None or tail.end_begun
+        if tail.clean:
+            self._tail = ""
+
+    def rollback(self, num_tokens: int) -> None:
+        """Replay the history without the last ``num_tokens`` (rollbacks are rare)."""
+        if num_tokens > 0:
+            del self._history[-num_tokens:]
+        self._reset()
+        for token_id in self._history:
+            self._follow(token_id)
+
+
 @dataclass(frozen=True)
 class CompiledToolGrammar:
     """A request's turn grammar, compiled for one tokenizer and engine."""
@@ -117,6 +213,7 @@ class CompiledToolGrammar:
     grammar: EngineGrammar
     vocab: Vocabulary
     compile_ms: float
+    _start_masks: dict[tuple[int, ...], np.ndarray] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def spec(self) -> TurnSpec:
@@ -126,10 +223,25 @@ class CompiledToolGrammar:
     def memory_bytes(self) -> int:
         return self.grammar.memory_bytes
 
-    def matcher(self, stop_token_ids: Sequence[int] | None = None) -> ToolCallMatcher:
-        """A fresh matcher; extra ``stop_token_ids`` are allowed only where the turn may end."""
+    def matcher(self, stop_token_ids: Sequence[int] | None = None, *, gated: bool = True) -> ToolCallMatcher:
+        """A fresh matcher; extra ``stop_token_ids`` are allowed only where the turn may end.
+
+        ``gated=False`` leaves out the clean-point gate (for callers that gate rows themselves).
+        """
         stops = tuple(dict.fromkeys((*self.vocab.stop_token_ids, *(stop_token_ids or ()))))
-        return ToolCallMatcher(self.grammar.matcher(stops), self.vocab.tokenizer)
+        spec = self.spec
+        gate = None
+        if gated and spec.mode == "auto" and spec.parallel and self.vocab.gate_allowed(spec.dialect):
+            gate = _Gate(spec.dialect, self.vocab.latin1, self._start_mask(stops))
+        return ToolCallMatcher(self.grammar.matcher(stops), self.vocab.tokenizer, gate)
+
+    def _start_mask(self, stops: tuple[int, ...]) -> np.ndarray:
+        """The mask at the grammar's start for these stop tokens, filled once."""
+        if stops not in self._start_masks:
+            row = allocate_bitmask(1, self.vocab.vocab_size)
+            self.grammar.matcher(stops).fill_bitmask(row, 0)
+            self._start_masks[stops] = row[0].numpy()
+        return self._start_masks[stops]
 
 
 class ToolGrammarCompiler:

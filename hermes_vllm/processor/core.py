@@ -8,7 +8,8 @@ are left untouched.
 Outside tool calls the grammar allows every token, so in ``auto`` mode a row runs a cheap *gate*
 instead of the grammar engine (xgrammar costs several microseconds a token even in free text):
 tokens that cannot touch a tag (a numpy lookup) are skipped; the others are read with the same
-span reader the parsers use (:func:`hermes_vllm.spans.split_spans`). The engine is switched on when
+span reader the parsers use (:func:`hermes_vllm.spans.read_tail`, strict about calls: a closing
+tag inside an unfinished payload does not end one). The engine is switched on when
 a call tag has begun (or may be completed by the next token) and off again at the next *clean
 point*: free text, no span open, no tag begun. From a clean point the grammar is back in its
 initial state, so a fresh matcher fed the tokens since the last clean point is exact. Modes whose
@@ -43,7 +44,7 @@ from hermes_vllm.grammar.engines import get_engine_class
 from hermes_vllm.grammar.engines.base import EngineGrammar, allocate_bitmask
 from hermes_vllm.memo import ENTRIES, MAX_CHARS, memoize_small
 from hermes_vllm.settings import get_limits
-from hermes_vllm.spans import partial_tag_suffix, split_spans
+from hermes_vllm.spans import read_tail
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +116,6 @@ class ConstraintCore:
         self.bitmask = allocate_bitmask(1, vocab_size, pin_memory)
         self._holds_byte: dict[int, np.ndarray] = {}
         self._watched: dict[bytes, np.ndarray] = {}
-        self._straddling: dict[str, bool] = {}
         self._prepared: OrderedDict[str, PreparedTurn] = OrderedDict()
 
     @cached_property
@@ -123,10 +123,9 @@ class ConstraintCore:
         """Built on first use: loading a 150k-token vocabulary is not free."""
         return ToolGrammarCompiler(self._tokenizer_loader(), engine=self.engine, vocab_size=self.vocab_size)
 
-    @cached_property
+    @property
     def _decoded(self) -> list[str]:
-        """Each token's bytes as a latin-1 string."""
-        return [b.decode("latin-1") for b in self.compiler.vocab.decoded]
+        return self.compiler.vocab.latin1
 
     @cached_property
     def _byte_index(self) -> tuple[np.ndarray, np.ndarray]:
@@ -148,13 +147,6 @@ class ConstraintCore:
             out |= self._holds_byte[byte]
         return out
 
-    def _gate_allowed(self, dialect: Dialect) -> bool:
-        """False when some token holds a whole call tag followed by more text (see module doc)."""
-        trigger = dialect.tool_call.begin
-        if trigger not in self._straddling:
-            self._straddling[trigger] = any(trigger in t and not t.endswith(trigger) for t in self._decoded)
-        return not self._straddling[trigger]
-
     def admit(self, extra_args: Any, stop_token_ids: Sequence[int]) -> RowState | None:
         """Start constraining a request entering the batch; ``None`` when it asks for nothing."""
         request = parse_constraint(extra_args)
@@ -174,7 +166,7 @@ class ConstraintCore:
         else:
             self._prepared.move_to_end(request.raw)
         stops = tuple(dict.fromkeys((*self.compiler.vocab.stop_token_ids, *stop_token_ids)))
-        gated = prepared.spec.mode == "auto" and self._gate_allowed(prepared.spec.dialect)
+        gated = prepared.spec.mode == "auto" and self.compiler.vocab.gate_allowed(prepared.spec.dialect)
         state = RowState(request, prepared, self.compiler.submit(prepared), stops, gated)
         if gated:
             state.watch = self._begin_bytes(state.dialect)
@@ -215,26 +207,20 @@ class ConstraintCore:
 
     def _regate(self, state: RowState) -> None:
         """Decide from the text since the last clean point whether the engine must run."""
-        d = state.dialect
-        spans = split_spans(state.text, d)
-        last = spans[-1] if spans else None
-        calls = sum(s.kind == "call" for s in spans)
-        if last is not None and not last.closed:
-            if last.kind == "call":
+        tail = read_tail(state.text, state.dialect)
+        if tail.open is not None:
+            if tail.open.kind == "call":
                 self._switch_on(state)
             # Inside a call or a reasoning/hidden span, only its end tag changes the situation.
-            assert last.tags is not None
-            end = last.tags.end
-            state.watch = b"" if partial_tag_suffix(state.text, (end,)) else end[:1].encode()
+            assert tail.open.tags is not None
+            state.watch = b"" if tail.end_begun else tail.open.tags.end[:1].encode()
             return
-        if partial_tag_suffix(state.text, (d.tool_call.begin,)):
-            self._switch_on(state)
+        if tail.begun is not None:
+            if tail.begun == "call":
+                self._switch_on(state)
             state.watch = b""
             return
-        if partial_tag_suffix(state.text, tuple(p.begin for p in d.free_spans)):
-            state.watch = b""
-            return
-        if calls and not state.prepared.spec.parallel:
+        if tail.calls and not state.prepared.spec.parallel:
             # The one allowed call is made: the engine keeps refusing another to the end.
             state.gated = False
             self._switch_on(state)
@@ -243,7 +229,7 @@ class ConstraintCore:
         state.pending.clear()
         state.text = ""
         state.matcher = None
-        state.watch = self._begin_bytes(d)
+        state.watch = self._begin_bytes(state.dialect)
 
     def _switch_on(self, state: RowState) -> None:
         """Engine on: a fresh matcher replays the tokens since the last clean point."""
@@ -252,7 +238,7 @@ class ConstraintCore:
         compiled = self._compiled(state)
         if compiled is None:
             return
-        state.matcher = compiled.matcher(state.stop_ids)
+        state.matcher = compiled.matcher(state.stop_ids, gated=False)
         self._feed_engine(state, state.pending)
 
     def _compiled(self, state: RowState) -> CompiledToolGrammar | None:
@@ -267,7 +253,7 @@ class ConstraintCore:
             compiled = self._compiled(state)
             if compiled is None:
                 return
-            state.matcher = compiled.matcher(state.stop_ids)
+            state.matcher = compiled.matcher(state.stop_ids, gated=False)
         for token in tokens:
             if not state.matcher.accept_token(token):
                 self._fail(state, f"sampled token {token} is outside the grammar")

@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 import torch
 import xgrammar as xgr
 
+from hermes_vllm.dialect import Dialect
 from hermes_vllm.grammar.turn import TurnSpec
 
 
@@ -49,6 +50,23 @@ class Vocabulary:
     def decoded(self) -> list[bytes]:
         """The bytes each token id stands for."""
         return list(self.tokenizer_info.decoded_vocab)
+
+    @cached_property
+    def latin1(self) -> list[str]:
+        """Each token's bytes as a latin-1 string (one char a byte: tags are ASCII)."""
+        return [b.decode("latin-1") for b in self.decoded]
+
+    @cached_property
+    def _straddling(self) -> dict[str, bool]:
+        return {}
+
+    def gate_allowed(self, dialect: Dialect) -> bool:
+        """Whether free text may skip the engine: False when a token holds a whole call tag and
+        more text, since such a token could open an invalid call in one step."""
+        trigger = dialect.tool_call.begin
+        if trigger not in self._straddling:
+            self._straddling[trigger] = any(trigger in t and not t.endswith(trigger) for t in self.latin1)
+        return not self._straddling[trigger]
 
 
 class EngineMatcher(ABC):
