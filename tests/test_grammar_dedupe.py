@@ -40,6 +40,12 @@ def test_rules_that_differ_deep_down_stay_apart() -> None:
     assert dedupe_rules(ebnf, "root") == ebnf
 
 
+def test_only_mergeable_rules_merge() -> None:
+    ebnf = 'root ::= ((a b c d))\na ::= (("x"))\nb ::= (("x"))\nc ::= (("y"))\nd ::= (("y"))\n'
+    merged = dedupe_rules(ebnf, "root", lambda name: name in "ab")
+    assert merged == 'root ::= ((a a c d))\na ::= (("x"))\nc ::= (("y"))\nd ::= (("y"))\n'
+
+
 def test_names_inside_literals_and_classes_are_not_renamed() -> None:
     ebnf = 'root ::= ((a "b" [b] b))\na ::= (("b"))\nb ::= (("b"))\n'
     assert dedupe_rules(ebnf, "root") == 'root ::= ((a "b" [b] a))\na ::= (("b"))\n'

@@ -526,9 +526,7 @@ GATE_TURNS = {
 
 @pytest.mark.parametrize("engine", ["xgrammar", "llguidance"])
 @pytest.mark.parametrize("dialect", sorted(GATE_TURNS))
-def test_gated_matcher_masks_exactly_like_the_engine(
-    engine: str, dialect: str, any_tokenizer: Any
-) -> None:
+def test_gated_matcher_masks_exactly_like_the_engine(engine: str, dialect: str, any_tokenizer: Any) -> None:
     """At clean points the public matcher copies the start mask instead of asking the engine: the
     masks must be equal at every step (split characters, tags in strings and spans, rollback)."""
     compiler = ToolGrammarCompiler(any_tokenizer, engine=engine, dialect=dialect)

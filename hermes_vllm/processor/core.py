@@ -93,6 +93,9 @@ class RowState:
     watch: bytes = b""
     """While gated: only tokens holding one of these bytes can change anything (empty: check all)."""
     failed: str | None = None
+    quiet: bool = False
+    """Gated, engine off, at a clean point: a new token matters only if it holds a watched byte.
+    Kept up to date by :meth:`ConstraintCore.advance`, so that a step tests one field a row."""
 
     @property
     def dialect(self) -> Dialect:
@@ -116,6 +119,9 @@ class ConstraintCore:
         self.bitmask = allocate_bitmask(1, vocab_size, pin_memory)
         self._holds_byte: dict[int, np.ndarray] = {}
         self._watched: dict[bytes, np.ndarray] = {}
+        self._quiet_holds: np.ndarray | None = None
+        """Tokens holding a byte any quiet row watches (the union over the dialects seen)."""
+        self._quiet_watches: set[bytes] = set()
         self._prepared: OrderedDict[str, PreparedTurn] = OrderedDict()
 
     @cached_property
@@ -170,6 +176,11 @@ class ConstraintCore:
         state = RowState(request, prepared, self.compiler.submit(prepared), stops, gated)
         if gated:
             state.watch = self._begin_bytes(state.dialect)
+            state.quiet = True
+            if state.watch not in self._quiet_watches:
+                self._quiet_watches.add(state.watch)
+                holds = self._watch_array(state.watch)
+                self._quiet_holds = holds if self._quiet_holds is None else self._quiet_holds | holds
         return state
 
     @staticmethod
@@ -178,6 +189,12 @@ class ConstraintCore:
 
     def advance(self, state: RowState, new_tokens: Sequence[int]) -> None:
         """Feed a row the tokens committed since the last step."""
+        self._advance(state, new_tokens)
+        state.quiet = (
+            state.gated and state.matcher is None and bool(state.watch) and not state.pending
+        ) and state.failed is None
+
+    def _advance(self, state: RowState, new_tokens: Sequence[int]) -> None:
         if not new_tokens:
             return
         state.consumed += len(new_tokens)
@@ -263,6 +280,7 @@ class ConstraintCore:
         """Stop the row: from now on only its stop tokens are allowed, never unconstrained text."""
         logger.error("hermes-vllm: ending a constrained request: %s", reason)
         state.failed = reason
+        state.quiet = False
         state.matcher = None
         state.pending = []
 
@@ -276,31 +294,30 @@ class ConstraintCore:
         lookup and, when the token cannot touch a tag, go no further: the common case costs one
         pass of this loop and nothing in :meth:`mask`.
         """
-        quiet: dict[bytes, list[tuple[int, RowState, int]]] = {}
+        quiet_rows: list[int] = []
+        quiet_states: list[RowState] = []
+        quiet_tokens: list[int] = []
         active: list[tuple[int, RowState]] = []
         for row, state, tokens in updates:
-            if (
-                len(tokens) == 1
-                and state.gated
-                and state.matcher is None
-                and state.watch
-                and not state.pending
-                and state.failed is None
-            ):
-                quiet.setdefault(state.watch, []).append((row, state, tokens[0]))
+            if state.quiet and len(tokens) == 1:
+                quiet_rows.append(row)
+                quiet_states.append(state)
+                quiet_tokens.append(tokens[0])
             else:
                 self.advance(state, tokens)
                 active.append((row, state))
-        for watch, group in quiet.items():
-            holds = self._watch_array(watch)
-            ids = np.fromiter((t for _, _, t in group), dtype=np.int64, count=len(group))
+        if quiet_states:
+            assert self._quiet_holds is not None
+            holds = self._quiet_holds
+            ids = np.array(quiet_tokens, dtype=np.int64)
             hits = holds[np.clip(ids, 0, len(holds) - 1)] | (ids < 0) | (ids >= len(holds))
-            for (row, state, token), hit in zip(group, hits.tolist(), strict=True):
-                if hit:
-                    self.advance(state, (token,))
-                    active.append((row, state))
-                else:
-                    state.consumed += 1
+            for state in quiet_states:
+                state.consumed += 1
+            for i in np.flatnonzero(hits).tolist():
+                state = quiet_states[i]
+                state.consumed -= 1
+                self.advance(state, (quiet_tokens[i],))
+                active.append((quiet_rows[i], state))
         return self.mask(logits, active)
 
     def mask(self, logits: torch.Tensor, rows: Sequence[tuple[int, RowState]]) -> torch.Tensor:

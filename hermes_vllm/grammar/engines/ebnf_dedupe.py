@@ -5,12 +5,14 @@ xgrammar writes every JSON schema of a structural tag with its own copy of the b
 turn of n tools held n copies: a 37-tool BFCL set took 10 MiB. Rules that expand alike are merged
 here by partition refinement (as in DFA minimisation): rules start grouped by their text with rule
 names blanked out, and a group splits until members refer, position by position, to rules of the
-same group. Members of a final group derive the same strings, so one stands for all.
+same group. Members of a final group derive the same strings, so one stands for all. The caller
+says which rules may merge: xgrammar's masks depend on where a rule is used, not only on its text.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 _RULE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*) ::= ", re.MULTILINE)
 # A string literal, a character class, or a name. Literals and classes are matched first so that
@@ -18,8 +20,11 @@ _RULE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*) ::= ", re.MULTILINE)
 _LEXEME = re.compile(r'("(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|[A-Za-z_][A-Za-z0-9_]*)')
 
 
-def dedupe_rules(ebnf: str, root: str) -> str:
-    """``ebnf`` (xgrammar's printed form: each rule starts a line with ``name ::= ``), equal rules merged."""
+def dedupe_rules(ebnf: str, root: str, mergeable: Callable[[str], bool] = lambda name: True) -> str:
+    """``ebnf`` (xgrammar's printed form: each rule starts a line with ``name ::= ``), equal rules merged.
+
+    Only rules whose name passes ``mergeable`` are merged; the others are kept as they are.
+    """
     starts = list(_RULE.finditer(ebnf))
     if not starts or ebnf[: starts[0].start()].strip():
         raise ValueError("not a grammar in xgrammar's printed form")
@@ -29,7 +34,12 @@ def dedupe_rules(ebnf: str, root: str) -> str:
     # Each body split into pieces; odd pieces are lexemes, of which some name rules.
     pieces = [_LEXEME.split(ebnf[m.end() : end].rstrip()) for m, end in zip(starts, ends, strict=True)]
     refs = [[index[p] for p in body[1::2] if p in index] for body in pieces]
-    shapes = ["\0".join("\1" if i % 2 and p in index else p for i, p in enumerate(body)) for body in pieces]
+    shapes = [
+        "\0".join("\1" if i % 2 and p in index else p for i, p in enumerate(body))
+        if mergeable(name)
+        else "\2" + name
+        for name, body in zip(names, pieces, strict=True)
+    ]
     group = _refine(shapes, refs)
     keep: dict[int, int] = {}
     for i, g in enumerate(group):  # the first of each group stands for it, the root for its own
