@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,9 +11,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(script: str, *args: str, out: Path) -> None:
+def run(script: str, *args: str, out: Path, env: dict[str, str] | None = None) -> None:
     subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / script), *args, "--out", str(out)], check=True, timeout=600
+        [sys.executable, str(ROOT / "benchmarks" / script), *args, "--out", str(out)],
+        check=True,
+        timeout=600,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -39,6 +43,17 @@ def test_processor_per_step_runs(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "processor-mistral-v1.json").read_text())
     assert {r["span_share"] for r in report["per_step"]} == {0.0, 1.0}
     assert (tmp_path / "processor-mistral-v1.png").stat().st_size > 0
+
+
+def test_memory_compile_mode_runs(tmp_path: Path) -> None:
+    env_off = {"HERMES_VLLM_CACHE_BYTES": "0", "HERMES_VLLM_XGRAMMAR_CACHE_BYTES": "0"}
+    args = ("memory.py", "--mode", "compile", "--phases", "2", "--per-phase", "5", "--sets", "10")
+    run(*args, out=tmp_path, env=env_off)
+    run(*args, out=tmp_path)
+    report = json.loads((tmp_path / "memory-compile.json").read_text())
+    assert [s["compiles"] for s in report["samples"]] == [0, 5, 10, 15, 20]
+    assert report["cache_limit_mb"] == 32 and report["growth_with_caches_off_mb"] >= 0
+    assert "growth_within_limits" in report and (tmp_path / "memory-compile.png").stat().st_size > 0
 
 
 def test_memory_runs(tmp_path: Path) -> None:
