@@ -109,7 +109,7 @@ class ToolCallMatcher:
         if self._gate is not None and self._gate.clean:
             if self._view is None or self._view[0] is not bitmask:
                 self._view = (bitmask, bitmask.numpy())
-            np.copyto(self._view[1][row], self._gate.start_mask)
+            self._view[1][row] = self._gate.start_mask  # measured faster than np.copyto
             return True
         return self._inner.fill_bitmask(bitmask, row)
 
@@ -166,13 +166,18 @@ class _Gate:
         self._reset()
 
     def _reset(self) -> None:
-        self.clean = True
         self._tail = ""
         """The text since the last clean point."""
+        self._tail_clean = True
+        """No span open and no tag begun in that text."""
         self._recheck = False
         """A tag is partly written: the next token must be read whatever it holds."""
         self._utf8_need = 0
         """Continuation bytes the last character still needs."""
+
+    @property
+    def clean(self) -> bool:
+        return self._tail_clean and self._utf8_need == 0
 
     def feed(self, token_id: int) -> None:
         self._history.append(token_id)
@@ -180,21 +185,17 @@ class _Gate:
 
     def _follow(self, token_id: int) -> None:
         text = self._latin1[token_id] if 0 <= token_id < len(self._latin1) else ""
-        ascii_only = text.isascii()
-        if not ascii_only or self._utf8_need:
+        if self._utf8_need or not text.isascii():
             self._utf8_need = _utf8_need(self._utf8_need, text)
-        if not self._recheck and not any(c in text for c in self._marks):
-            if not self.clean:
-                self._tail += text
-            elif self._utf8_need or not ascii_only:
-                self.clean = self._utf8_need == 0
-            return
-        self._tail += text
-        tail = read_tail(self._tail, self._dialect)
-        self.clean = tail.clean and self._utf8_need == 0
-        self._recheck = tail.begun is not None or tail.end_begun
-        if tail.clean:
-            self._tail = ""
+        if self._recheck or any(c in text for c in self._marks):
+            self._tail += text
+            tail = read_tail(self._tail, self._dialect)
+            self._tail_clean = tail.clean
+            self._recheck = tail.begun is not None or tail.end_begun
+            if tail.clean:
+                self._tail = ""
+        elif not self._tail_clean:
+            self._tail += text
 
     def rollback(self, num_tokens: int) -> None:
         """Replay the history without the last ``num_tokens`` (rollbacks are rare)."""
