@@ -527,25 +527,48 @@ GATE_TURNS = {
 @pytest.mark.parametrize("engine", ["xgrammar", "llguidance"])
 @pytest.mark.parametrize("dialect", sorted(GATE_TURNS))
 def test_gated_matcher_masks_exactly_like_the_engine(engine: str, dialect: str, any_tokenizer: Any) -> None:
-    """At clean points the public matcher copies the start mask instead of asking the engine: the
-    masks must be equal at every step (split characters, tags in strings and spans, rollback)."""
-    compiler = ToolGrammarCompiler(any_tokenizer, engine=engine, dialect=dialect)
+    """At clean points the public matcher leaves the engine alone: it copies the start mask and
+    reads it to accept tokens. Masks, verdicts and ends must be the engine's at every step (split
+    characters, tags in strings and spans, rejected tokens, rollbacks, the stop token)."""
+    # Padded ids, as a model's vocabulary often has: refused everywhere, clean points included.
+    compiler = ToolGrammarCompiler(
+        any_tokenizer, engine=engine, dialect=dialect, vocab_size=len(any_tokenizer) + 64
+    )
     compiled = compiler.compile([tool(PUT, "put")])
     gated, plain = compiled.matcher(), compiled.matcher(gated=False)
     width = compiler.vocab.vocab_size
     a, b = allocate_bitmask(1, width), allocate_bitmask(1, width)
     ids = any_tokenizer.encode(GATE_TURNS[dialect], add_special_tokens=False)
-    skipped = 0
-    for step, token in enumerate(ids):
+    # Tokens to offer where the mask refuses them: a padded id, a stray close, a quote, a brace.
+    texts = ["</tool_call>", "[/tool_call]", '"', "}"]
+    probes = [width - 1, *(any_tokenizer.encode(t, add_special_tokens=False)[-1] for t in texts)]
+    skipped = refusals = 0
+
+    def same_state(step: int) -> bool:
         a.zero_()
         gated.fill_bitmask(a, 0)
         plain.fill_bitmask(b, 0)
         assert torch.equal(a, b), f"step {step}: {any_tokenizer.decode(ids[:step])!r}"
+        assert gated.can_end() == plain.can_end() and not gated.is_terminated()
+        refused = [t for t in probes if not b[0, t >> 5] >> (t & 31) & 1]
+        for token in refused[:3]:
+            assert not gated.accept_token(token) and not plain.accept_token(token), (step, token)
+        return bool(refused)
+
+    for step, token in enumerate(ids):
+        refusals += same_state(step)
         skipped += gated._gate is not None and gated._gate.clean
         assert gated.accept_token(token) and plain.accept_token(token)
-        if step == len(ids) // 2:
+        if step in (len(ids) // 2, len(ids) // 4, 12):  # in a call, in free text, in a split character
             gated.rollback(3)
             plain.rollback(3)
+            same_state(step)
             for again in ids[step - 2 : step + 1]:
                 assert gated.accept_token(again) and plain.accept_token(again)
+    same_state(len(ids))
+    stop = any_tokenizer.eos_token_id
+    assert gated.accept_token(stop) and plain.accept_token(stop)
+    assert gated.is_terminated() and plain.is_terminated()
+    assert not gated.accept_token(ids[0]) and not plain.accept_token(ids[0])
     assert skipped >= 8, "the test must go through clean points"
+    assert refusals >= 8, "the test must offer refused tokens"

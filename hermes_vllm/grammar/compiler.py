@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, partial
 from typing import Any
 
 import numpy as np
@@ -85,44 +85,70 @@ class ToolCallMatcher:
 
     With a *gate* (``auto`` turns with parallel calls), it follows the text as well. At a clean
     point (free text at a character boundary, no span open, no tag begun) the grammar is where it
-    started, so :meth:`fill_bitmask` copies the mask of the grammar's start (computed once per
-    compiled grammar) instead of asking the engine, which costs several microseconds a token even
-    in free text. The logits processor gates rows the same way.
+    started. There the engine is left alone: :meth:`fill_bitmask` copies the mask of the grammar's
+    start (computed once per compiled grammar) and :meth:`accept_token` reads that mask. Asking
+    the engine costs several microseconds a token even in free text, and its work evicts the
+    masks from the CPU caches. When a token leaves the clean point, a fresh engine matcher takes
+    that token, and follows the text until the next clean point. The logits processor gates rows
+    the same way.
     """
 
-    def __init__(self, inner: EngineMatcher, tokenizer: Any, gate: _Gate | None = None) -> None:
-        self._inner = inner
+    def __init__(self, fresh: Callable[[], EngineMatcher], tokenizer: Any, gate: _Gate | None = None) -> None:
+        self._fresh = fresh
+        self._inner = fresh()
         self._tokenizer = tokenizer
         self._gate = gate
         self._view: tuple[torch.Tensor, np.ndarray] | None = None
         """The last bitmask filled and its numpy view: ``Tensor.numpy()`` costs microseconds."""
 
     def accept_token(self, token_id: int) -> bool:
+        gate = self._gate
+        if gate is None:
+            return self._inner.accept_token(token_id)
+        if gate.terminated:
+            return False
+        if gate.clean:
+            if not gate.start_allows(token_id):
+                return False
+            gate.feed(token_id)
+            if not gate.clean and not gate.terminated:
+                self._inner = self._fresh()
+                self._inner.accept_token(token_id)  # allowed at the start, so accepted
+            return True
         if not self._inner.accept_token(token_id):
             return False
-        if self._gate is not None:
-            self._gate.feed(token_id)
+        gate.feed(token_id)
         return True
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int = 0) -> bool:
         """Fill ``bitmask[row]``; False when every token is allowed (the row may be left alone)."""
-        if self._gate is not None and self._gate.clean:
-            if self._view is None or self._view[0] is not bitmask:
-                self._view = (bitmask, bitmask.numpy())
-            self._view[1][row] = self._gate.start_mask  # measured faster than np.copyto
+        gate = self._gate
+        if gate is not None and gate.clean:
+            view = self._view
+            if view is None or view[0] is not bitmask:
+                view = self._view = (bitmask, bitmask.numpy())
+            view[1][row] = gate.start.mask  # measured faster than np.copyto
             return True
         return self._inner.fill_bitmask(bitmask, row)
 
     def rollback(self, num_tokens: int = 1) -> None:
-        self._inner.rollback(num_tokens)
-        if self._gate is not None:
-            self._gate.rollback(num_tokens)
+        gate = self._gate
+        if gate is None:
+            self._inner.rollback(num_tokens)
+            return
+        gate.rollback(num_tokens)
+        if not gate.clean:  # rollbacks are rare: replay the tokens since the last clean point
+            self._inner = self._fresh()
+            for token_id in gate.pending:
+                self._inner.accept_token(token_id)
 
     def is_terminated(self) -> bool:
-        return self._inner.is_terminated()
+        return self._gate.terminated if self._gate is not None else self._inner.is_terminated()
 
     def can_end(self) -> bool:
         """Whether the output so far is complete (a stop token would be accepted now)."""
+        if self._gate is not None and (self._gate.clean or self._gate.terminated):
+            return self._gate.start.can_end
         return self._inner.can_end()
 
     @property
@@ -149,6 +175,18 @@ def _utf8_need(need: int, data: str) -> int:
     return need
 
 
+@dataclass(frozen=True)
+class _Start:
+    """What the engine says at the grammar's start, for one set of stop tokens."""
+
+    mask: np.ndarray
+    can_end: bool
+    stops: frozenset[int]
+
+    def allows(self, token_id: int) -> bool:
+        return 0 <= token_id < self.mask.size * 32 and bool(self.mask[token_id >> 5] >> (token_id & 31) & 1)
+
+
 class _Gate:
     """Follows a matcher's text to know when it is at a clean point (see :class:`ToolCallMatcher`).
 
@@ -156,10 +194,10 @@ class _Gate:
     off or back to a clean point; the others cost a substring test.
     """
 
-    def __init__(self, dialect: Dialect, latin1: list[str], start_mask: np.ndarray) -> None:
+    def __init__(self, dialect: Dialect, latin1: list[str], start: _Start) -> None:
         self._dialect = dialect
         self._latin1 = latin1
-        self.start_mask = start_mask
+        self.start = start
         pairs = (dialect.tool_call, *dialect.free_spans)
         self._marks = "".join(sorted({c for p in pairs for c in (p.begin[0], p.end[0])}))
         self._history: list[int] = []
@@ -174,16 +212,25 @@ class _Gate:
         """A tag is partly written: the next token must be read whatever it holds."""
         self._utf8_need = 0
         """Continuation bytes the last character still needs."""
+        self.pending: list[int] = []
+        """The tokens since the last clean point."""
+        self.terminated = False
+        """A stop token was accepted."""
+        self.clean = True
+        """At a clean point: read on every mask, so kept as a field."""
 
-    @property
-    def clean(self) -> bool:
-        return self._tail_clean and self._utf8_need == 0
+    def start_allows(self, token_id: int) -> bool:
+        return self.start.allows(token_id)
 
     def feed(self, token_id: int) -> None:
         self._history.append(token_id)
         self._follow(token_id)
 
     def _follow(self, token_id: int) -> None:
+        if token_id in self.start.stops:
+            self.terminated = True
+            self.clean = False
+            return
         text = self._latin1[token_id] if 0 <= token_id < len(self._latin1) else ""
         if self._utf8_need or not text.isascii():
             self._utf8_need = _utf8_need(self._utf8_need, text)
@@ -196,6 +243,11 @@ class _Gate:
                 self._tail = ""
         elif not self._tail_clean:
             self._tail += text
+        self.clean = self._tail_clean and self._utf8_need == 0
+        if self.clean:
+            self.pending.clear()
+        else:
+            self.pending.append(token_id)
 
     def rollback(self, num_tokens: int) -> None:
         """Replay the history without the last ``num_tokens`` (rollbacks are rare)."""
@@ -214,7 +266,7 @@ class CompiledToolGrammar:
     grammar: EngineGrammar
     vocab: Vocabulary
     compile_ms: float
-    _start_masks: dict[tuple[int, ...], np.ndarray] = field(default_factory=dict, compare=False, repr=False)
+    _starts: dict[tuple[int, ...], _Start] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def spec(self) -> TurnSpec:
@@ -233,16 +285,17 @@ class CompiledToolGrammar:
         spec = self.spec
         gate = None
         if gated and spec.mode == "auto" and spec.parallel and self.vocab.gate_allowed(spec.dialect):
-            gate = _Gate(spec.dialect, self.vocab.latin1, self._start_mask(stops))
-        return ToolCallMatcher(self.grammar.matcher(stops), self.vocab.tokenizer, gate)
+            gate = _Gate(spec.dialect, self.vocab.latin1, self._start(stops))
+        return ToolCallMatcher(partial(self.grammar.matcher, stops), self.vocab.tokenizer, gate)
 
-    def _start_mask(self, stops: tuple[int, ...]) -> np.ndarray:
+    def _start(self, stops: tuple[int, ...]) -> _Start:
         """The mask at the grammar's start for these stop tokens, filled once."""
-        if stops not in self._start_masks:
+        if stops not in self._starts:
             row = allocate_bitmask(1, self.vocab.vocab_size)
-            self.grammar.matcher(stops).fill_bitmask(row, 0)
-            self._start_masks[stops] = row[0].numpy()
-        return self._start_masks[stops]
+            matcher = self.grammar.matcher(stops)
+            matcher.fill_bitmask(row, 0)
+            self._starts[stops] = _Start(row[0].numpy(), matcher.can_end(), frozenset(stops))
+        return self._starts[stops]
 
 
 class ToolGrammarCompiler:

@@ -23,7 +23,7 @@ from xgrammar import structural_tag as st
 
 from hermes_vllm.dialect import TagPair
 from hermes_vllm.grammar.engines.base import EngineGrammar, EngineMatcher, GrammarEngine, Vocabulary
-from hermes_vllm.grammar.engines.ebnf_dedupe import dedupe_rules
+from hermes_vllm.grammar.engines.ebnf import dedupe_rules, fold_gaps
 from hermes_vllm.grammar.turn import LEAD_WHITESPACE, TurnSpec
 from hermes_vllm.settings import get_limits
 
@@ -59,14 +59,16 @@ def _ws(n: int) -> str:
     return f"[ \\t\\n\\r]{{0,{n}}}"
 
 
-def _call_body(turn: TurnSpec, ws: str) -> st.SequenceFormat:
-    """``{"name": NAME, "arguments": ARGS}`` (or arguments first) for any of the turn's tools.
+def _call(turn: TurnSpec, ws: str) -> st.SequenceFormat:
+    """The call tag around ``{"name": NAME, "arguments": ARGS}`` (or arguments first), any tool.
 
     The text shared by all tools (the brace and the first key) is written once, so a tool set of
-    n tools adds n small branches rather than n copies of the call's head: fewer grammar states,
-    a faster compile and a smaller grammar.
+    n tools adds n small branches rather than n copies of the call's head. No part ends in
+    whitespace: each gap is its own element with another after it, so :func:`.ebnf.fold_gaps`
+    can join it to that element.
     """
     d = turn.dialect
+    gap = st.RegexFormat(pattern=ws)
     orders = ("name_first", "arguments_first") if d.key_order == "either" else (d.key_order,)
     branches = []
     for order in orders:
@@ -75,34 +77,30 @@ def _call_body(turn: TurnSpec, ws: str) -> st.SequenceFormat:
             name = re.escape(json.dumps(tool.name, ensure_ascii=False))
             args = st.JSONSchemaFormat(json_schema=tool.parameters, max_whitespace_cnt=turn.max_whitespace)
             if order == "name_first":
-                head = st.RegexFormat(pattern=rf'{name}{ws},{ws}"arguments"{ws}:{ws}')
-                per_tool.append(st.SequenceFormat(elements=[head, args]))
+                head = st.RegexFormat(pattern=rf'{name}{ws},{ws}"arguments"{ws}:')
+                per_tool.append(st.SequenceFormat(elements=[head, gap, args]))
             else:
                 tail = st.RegexFormat(pattern=rf'{ws},{ws}"name"{ws}:{ws}{name}')
                 per_tool.append(st.SequenceFormat(elements=[args, tail]))
         key = "name" if order == "name_first" else "arguments"
         branches.append(
             st.SequenceFormat(
-                elements=[st.RegexFormat(pattern=rf'"{key}"{ws}:{ws}'), st.OrFormat(elements=per_tool)]
+                elements=[st.RegexFormat(pattern=rf'"{key}"{ws}:'), gap, st.OrFormat(elements=per_tool)]
             )
         )
     either: Any = branches[0] if len(branches) == 1 else st.OrFormat(elements=branches)
     return st.SequenceFormat(
-        elements=[st.RegexFormat(pattern=rf"\{{{ws}"), either, st.RegexFormat(pattern=rf"{ws}\}}")]
-    )
+        elements=[
+            st.ConstStringFormat(value=d.tool_call.begin), gap, st.RegexFormat(pattern=r"\{"), gap, either,
+            gap, st.RegexFormat(pattern=r"\}"), gap, st.ConstStringFormat(value=d.tool_call.end),
+        ]
+    )  # fmt: skip
 
 
 def build_structural_tag(turn: TurnSpec) -> st.StructuralTag:
     """The whole turn as one xgrammar structural tag (see the module docstring for the shape)."""
     d = turn.dialect
-    ws = _ws(turn.max_whitespace)
-    call = st.TagFormat(
-        begin=d.tool_call.begin,
-        content=st.SequenceFormat(
-            elements=[st.RegexFormat(pattern=ws), _call_body(turn, ws), st.RegexFormat(pattern=ws)]
-        ),
-        end=d.tool_call.end,
-    )
+    call = _call(turn, _ws(turn.max_whitespace))
     spans = [st.TagFormat(begin=p.begin, content=st.AnyTextFormat(), end=p.end) for p in d.free_spans]
 
     # Free text is text holding no tag's begin, then tags each followed by such text. Spelled
@@ -147,6 +145,12 @@ def build_structural_tag(turn: TurnSpec) -> st.StructuralTag:
             ]
         body = [*prefix, call, free_text(turn.parallel)]
     return st.StructuralTag(format=st.SequenceFormat(elements=body + tail))
+
+
+def _is_basic(rule: str) -> bool:
+    """xgrammar's built-in JSON rules: their masks are cached across grammars in their own
+    context, so their gaps are left alone."""
+    return rule.startswith("basic_")
 
 
 def _worth_merging(rule: str) -> bool:
@@ -224,12 +228,9 @@ class XGrammarEngine(GrammarEngine):
 
     def compile(self, turn: TurnSpec) -> XGrammarGrammar:
         with _readable_errors():
-            tag = build_structural_tag(turn)
-            if len(turn.tools) < 2:  # one schema: nothing to merge (xgrammar shares equal schemas)
-                return XGrammarGrammar(self._compiler.compile_structural_tag(tag))
-            grammar = xgr.Grammar.from_structural_tag(tag)
-            merged = xgr.Grammar.from_ebnf(dedupe_rules(str(grammar), "root", _worth_merging))
-            return XGrammarGrammar(self._compiler.compile_grammar(merged))
+            ebnf = str(xgr.Grammar.from_structural_tag(build_structural_tag(turn)))
+            ebnf = fold_gaps(dedupe_rules(ebnf, "root", _worth_merging), _is_basic)
+            return XGrammarGrammar(self._compiler.compile_grammar(xgr.Grammar.from_ebnf(ebnf)))
 
     def fill_bitmasks(
         self, matchers: Sequence[EngineMatcher], bitmask: torch.Tensor, rows: Sequence[int]
