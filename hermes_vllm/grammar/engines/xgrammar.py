@@ -3,9 +3,9 @@
 The turn is one structural tag: free text that holds no tag's begin, the call and span tags after
 it (robust to any token boundary, since xgrammar matches the tag text byte by byte), a JSON-schema
 call body, and an optional unclosed reasoning/hidden span at the end so that free text and
-reasoning may stop anywhere. A turn of two or more tools is lowered to EBNF and xgrammar's JSON
-and free-text rules merged (:mod:`.ebnf_dedupe`) before compiling: xgrammar gives every tool's
-schema its own copy of the JSON rules.
+reasoning may stop anywhere. The tag is lowered to EBNF and rewritten before compiling
+(:mod:`.ebnf`): xgrammar's JSON and free-text rules merged (it gives every tool's schema its own
+copy of the JSON rules), and each whitespace gap folded into the element after it.
 """
 
 from __future__ import annotations
