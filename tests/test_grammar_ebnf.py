@@ -1,5 +1,5 @@
-"""The EBNF rewrites keep the grammar's language: merged rules store each JSON basic rule once,
-folded gaps leave no whitespace rule that ends where the next token may begin."""
+"""The turn's EBNF keeps one copy of the JSON basic rules, and folding its gaps keeps the language
+while leaving no whitespace rule that ends where the next token may begin."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import xgrammar as xgr
 from hermes_vllm.grammar import ToolGrammarCompiler
 from hermes_vllm.grammar.engines import ebnf as ebnf_module
 from hermes_vllm.grammar.engines import xgrammar as xgrammar_engine
-from hermes_vllm.grammar.engines.ebnf import dedupe_rules, fold_gaps, split_rules
+from hermes_vllm.grammar.engines.ebnf import fold_gaps, rename, split_rules
+from hermes_vllm.grammar.engines.xgrammar import turn_ebnf
 from hermes_vllm.testing.soundness import tool
 
 
@@ -22,43 +23,17 @@ def _strings_tool(name: str, keys: str) -> dict[str, Any]:
     return tool(schema, name)
 
 
-def test_equal_rules_merge_and_references_follow() -> None:
-    ebnf = (
-        'root ::= ((a "x" b) | (c))\n'
-        'a ::= (("q" a) | ("a"))\n'
-        'b ::= (("q" b) | ("a"))\n'
-        'c ::= (("a" "b" "[a]"))\n'
+def test_rename_leaves_names_inside_literals_and_classes_alone() -> None:
+    assert (
+        rename('((a "b" [b] b{0, 1}) | (ab))', {"b": "t0_b", "a": "t0_a"})
+        == '((t0_a "b" [b] t0_b{0, 1}) | (ab))'
     )
-    merged = dedupe_rules(ebnf, "root")
-    assert merged.splitlines() == [
-        'root ::= ((a "x" a) | (c))',
-        'a ::= (("q" a) | ("a"))',
-        'c ::= (("a" "b" "[a]"))',
-    ]
-    for text in ("qaxa", "axqqa", "ab[a]"):
-        assert _accepts(merged, text) == _accepts(ebnf, text)
-
-
-def test_rules_that_differ_deep_down_stay_apart() -> None:
-    ebnf = 'root ::= ((a b))\na ::= (("x" c))\nb ::= (("x" d))\nc ::= (("1"))\nd ::= (("2"))\n'
-    assert dedupe_rules(ebnf, "root") == ebnf
-
-
-def test_only_mergeable_rules_merge() -> None:
-    ebnf = 'root ::= ((a b c d))\na ::= (("x"))\nb ::= (("x"))\nc ::= (("y"))\nd ::= (("y"))\n'
-    merged = dedupe_rules(ebnf, "root", lambda name: name in "ab")
-    assert merged == 'root ::= ((a a c d))\na ::= (("x"))\nc ::= (("y"))\nd ::= (("y"))\n'
-
-
-def test_names_inside_literals_and_classes_are_not_renamed() -> None:
-    ebnf = 'root ::= ((a "b" [b] b))\na ::= (("b"))\nb ::= (("b"))\n'
-    assert dedupe_rules(ebnf, "root") == 'root ::= ((a "b" [b] a))\na ::= (("b"))\n'
 
 
 @pytest.mark.parametrize("bad", ["", "no rule here", 'junk\nroot ::= ("a")'])
 def test_text_that_is_not_a_printed_grammar_is_refused(bad: str) -> None:
     with pytest.raises(ValueError, match="printed form"):
-        dedupe_rules(bad, "root")
+        split_rules(bad)
 
 
 def test_many_tools_share_one_copy_of_the_json_basics(tokenizer_131k: Any) -> None:
@@ -108,15 +83,10 @@ def test_equal_folds_are_written_once_and_kept_rules_are_left_alone() -> None:
 
 def test_a_turn_grammar_keeps_no_gap_that_ends_its_rule(tokenizer_131k: Any) -> None:
     """Each such gap made xgrammar re-check ~50k tokens per compile: a third of a cold compile."""
-    from hermes_vllm.grammar.engines.xgrammar import build_structural_tag
-
     compiler = ToolGrammarCompiler(tokenizer_131k)
     for choice in ("auto", "required"):
         spec = compiler.prepare([_strings_tool("t0", "ab"), _strings_tool("t1", "c")], choice).spec
-        ebnf = str(xgr.Grammar.from_structural_tag(build_structural_tag(spec)))
-        ebnf = fold_gaps(
-            dedupe_rules(ebnf, "root", xgrammar_engine._worth_merging), xgrammar_engine._is_basic
-        )
+        ebnf = fold_gaps(turn_ebnf(spec), xgrammar_engine._is_basic)
         rules = split_rules(ebnf)
         gaps = ebnf_module._gap_references(rules, ebnf)
         for name, body in rules:

@@ -1,11 +1,6 @@
-"""Rewrites of xgrammar's printed EBNF that keep the language and make the grammar cheaper.
+"""xgrammar's printed EBNF: split into rules, rename references, fold whitespace gaps.
 
-Both passes read the printed form, in which each rule starts a line with ``name ::= ``.
-
-:func:`dedupe_rules` merges equal rules. xgrammar writes every JSON schema of a structural tag with
-its own copy of the basic JSON rules (strings, numbers, any value). A string rule's token masks
-take ~370 KiB on a 131k vocabulary, so a turn of n tools held n copies: a 37-tool BFCL set took
-10 MiB.
+The printed form starts each rule on a line with ``name ::= ``.
 
 :func:`fold_gaps` joins each whitespace gap to the element after it. xgrammar writes a gap as a rule
 of its own that may end after one whitespace character. Nearly every token that starts with a space
@@ -19,7 +14,7 @@ tokens are settled while its masks are built.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 _RULE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*) ::= ", re.MULTILINE)
 # A string literal, a character class, or a name. Literals and classes are matched first so that
@@ -35,7 +30,11 @@ _MAX_FOLDED_WHITESPACE = 4
 """A gap of up to this many characters is folded (one alternative per count)."""
 
 
-def split_rules(ebnf: str) -> list[tuple[str, str]]:
+Rule = tuple[str, str]
+"""A rule's name and body, as printed."""
+
+
+def split_rules(ebnf: str) -> list[Rule]:
     """``(name, body)`` of each rule, in order; ``ValueError`` if ``ebnf`` is not in printed form."""
     starts = list(_RULE.finditer(ebnf))
     if not starts or ebnf[: starts[0].start()].strip():
@@ -44,57 +43,26 @@ def split_rules(ebnf: str) -> list[tuple[str, str]]:
     return [(m.group(1), ebnf[m.end() : end].rstrip()) for m, end in zip(starts, ends, strict=True)]
 
 
-def _join(rules: list[tuple[str, str]]) -> str:
+def join_rules(rules: Sequence[Rule]) -> str:
     return "".join(f"{name} ::= {body}\n" for name, body in rules)
 
 
-def dedupe_rules(ebnf: str, root: str, mergeable: Callable[[str], bool] = lambda name: True) -> str:
-    """``ebnf`` with equal rules merged, by partition refinement (as in DFA minimisation).
-
-    Rules start grouped by their text with rule names blanked out, and a group splits until its
-    members refer, position by position, to rules of the same group. Members of a final group
-    derive the same strings, so the first stands for all. Only rules whose name passes
-    ``mergeable`` merge (the root never does): xgrammar's masks depend on where a rule is used,
-    not only on its text.
-    """
-    rules = split_rules(ebnf)
-    index = {name: i for i, (name, _) in enumerate(rules)}
-    candidates = [i for i, (name, _) in enumerate(rules) if name != root and mergeable(name)]
-    pieces = {i: _LEXEME.split(rules[i][1]) for i in candidates}  # odd pieces are lexemes
-    refs = {i: [index[p] for p in pieces[i][1::2] if p in index] for i in candidates}
-    group = list(range(len(rules)))  # a rule that may not merge is a group of its own
-    shapes: dict[str, int] = {}
-    for i in candidates:
-        shape = "\0".join("\1" if j % 2 and p in index else p for j, p in enumerate(pieces[i]))
-        group[i] = len(rules) + shapes.setdefault(shape, len(shapes))
-    count = len(shapes)
-    while True:
-        ids: dict[tuple[int, ...], int] = {}
-        for i, key in [(i, (group[i], *[group[r] for r in refs[i]])) for i in candidates]:
-            group[i] = len(rules) + ids.setdefault(key, len(ids))
-        if len(ids) == count:
-            break
-        count = len(ids)
-    standing: dict[int, str] = {}
-    rename = {}
-    for i in candidates:
-        first = standing.setdefault(group[i], rules[i][0])
-        if first != rules[i][0]:
-            rename[rules[i][0]] = first
-    if not rename:
-        return ebnf
-    return _join(
-        [
-            (name, body if rename.keys().isdisjoint(_LEXEME.findall(body)) else _rename(body, rename))
-            for name, body in rules
-            if name not in rename
-        ]
-    )
+def reachable(rules: Mapping[str, str], names: Iterable[str]) -> set[str]:
+    """``names`` and the rules they refer to, directly or not (lookaheads included)."""
+    seen = set(names)
+    todo = list(seen)
+    while todo:
+        for piece in _LEXEME.findall(rules.get(todo.pop(), "")):
+            if piece in rules and piece not in seen:
+                seen.add(piece)
+                todo.append(piece)
+    return seen
 
 
-def _rename(body: str, rename: dict[str, str]) -> str:
+def rename(body: str, names: Mapping[str, str]) -> str:
+    """``body`` with the rules it refers to renamed (names inside literals and classes are left alone)."""
     parts = _LEXEME.split(body)
-    return "".join(rename.get(p, p) if j % 2 else p for j, p in enumerate(parts))
+    return "".join(names.get(p, p) if j % 2 else p for j, p in enumerate(parts))
 
 
 def fold_gaps(ebnf: str, keep: Callable[[str], bool] = lambda name: False) -> str:
@@ -134,7 +102,7 @@ def fold_gaps(ebnf: str, keep: Callable[[str], bool] = lambda name: False) -> st
             body = "(" + " | ".join(f"({' '.join(fold(a))})" if a else '""' for a in alternatives) + ")"
             body += rest
         result.append((name, body))
-    return _join(result + [(name, body) for body, name in folded.items()])
+    return join_rules(result + [(name, body) for body, name in folded.items()])
 
 
 _REPEATED = re.compile(r"\{0, ?(\d+)\}")

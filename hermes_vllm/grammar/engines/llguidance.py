@@ -1,6 +1,6 @@
 """Optional engine: llguidance (Earley parser over lazily built regex lexemes; no vocabulary precompute).
 
-The turn is one Lark grammar, the same language as the xgrammar structural tag:
+The turn is one Lark grammar, the same language as the xgrammar grammar:
 
 - free text is the terminal ``TEXT``: any text containing no call tag and no span opener, written
   with llguidance's regex negation (``/(?s:.*)/ & ~(/(?s:.*)/ ("<tool_call>" | ...) /(?s:.*)/)``);

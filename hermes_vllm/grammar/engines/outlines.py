@@ -1,6 +1,6 @@
 """Optional engine: outlines-core (one regex per turn, compiled to a token-level DFA index).
 
-The turn is one regular expression, the same language as the xgrammar structural tag: free text
+The turn is one regular expression, the same language as the xgrammar grammar: free text
 is "any text containing no call tag and no span opener" (see :func:`avoiding`: Rust regexes have
 no negation), each span is its opener, text without its closing tag, and the closing tag; a call
 is the call tag, one ``{"name": N, "arguments": ARGS}`` per tool and key order with ``ARGS`` from

@@ -1,11 +1,13 @@
-"""The default engine: xgrammar structural tags (the fastest masks inside calls).
+"""The default engine: xgrammar (the fastest masks inside calls).
 
-The turn is one structural tag: free text that holds no tag's begin, the call and span tags after
-it (robust to any token boundary, since xgrammar matches the tag text byte by byte), a JSON-schema
-call body, and an optional unclosed reasoning/hidden span at the end so that free text and
-reasoning may stop anywhere. The tag is lowered to EBNF and rewritten before compiling
-(:mod:`.ebnf`): xgrammar's JSON and free-text rules merged (it gives every tool's schema its own
-copy of the JSON rules), and each whitespace gap folded into the element after it.
+The turn is one EBNF grammar, written here: free text that holds no tag's begin (a TagDispatch
+rule), the call and span tags after it (robust to any token boundary, since xgrammar matches the
+tag text byte by byte), a JSON-schema call body, and an optional unclosed reasoning/hidden span at
+the end so that free text and reasoning may stop anywhere. Each tool's arguments come from
+xgrammar's JSON-schema conversion; its basic JSON rules are the same text for every schema and
+are kept once (each copy took ~370 KiB of masks on a 131k vocabulary). Writing the EBNF directly
+costs about a third of going through xgrammar's structural tags and merging their copies
+afterwards. Each whitespace gap is then folded into the element after it (:mod:`.ebnf`).
 """
 
 from __future__ import annotations
@@ -19,11 +21,9 @@ from typing import Any
 
 import torch
 import xgrammar as xgr
-from xgrammar import structural_tag as st
 
-from hermes_vllm.dialect import TagPair
 from hermes_vllm.grammar.engines.base import EngineGrammar, EngineMatcher, GrammarEngine, Vocabulary
-from hermes_vllm.grammar.engines.ebnf import dedupe_rules, fold_gaps
+from hermes_vllm.grammar.engines.ebnf import Rule, fold_gaps, join_rules, reachable, rename, split_rules
 from hermes_vllm.grammar.turn import LEAD_WHITESPACE, TurnSpec
 from hermes_vllm.settings import get_limits
 
@@ -55,110 +55,136 @@ RESIDENT_PER_COUNTED_BYTE = 2.0
 XGRAMMAR_CACHE_UNDERCOUNT = 4
 
 
-def _ws(n: int) -> str:
-    return f"[ \\t\\n\\r]{{0,{n}}}"
+def _literal(text: str) -> str:
+    """``text`` as an EBNF string literal."""
+    escaped = (
+        "\\" + ch if ch in '"\\' else f"\\x{ord(ch):02x}" if ord(ch) < 0x20 or ord(ch) == 0x7F else ch
+        for ch in text
+    )
+    return '"' + "".join(escaped) + '"'
 
 
-def _call(turn: TurnSpec, ws: str) -> st.SequenceFormat:
-    """The call tag around ``{"name": NAME, "arguments": ARGS}`` (or arguments first), any tool.
+def _choice(alternatives: Sequence[str]) -> str:
+    return "(" + " | ".join(f"({a})" if a else '""' for a in alternatives) + ")"
 
-    The text shared by all tools (the brace and the first key) is written once, so a tool set of
-    n tools adds n small branches rather than n copies of the call's head. No part ends in
-    whitespace: each gap is its own element with another after it, so :func:`.ebnf.fold_gaps`
-    can join it to that element.
-    """
+
+def _arguments_rules(index: int, parameters: Any, max_whitespace: int, basics: dict[str, str]) -> list[Rule]:
+    """One tool's arguments grammar, from xgrammar's JSON-schema conversion, its rules renamed
+    ``t<index>_...``. xgrammar's basic JSON rules (and the whitespace rules they use) are the same
+    text for every schema: the first tool's copy goes to ``basics``, later equal copies are dropped."""
+    grammar = xgr.Grammar.from_json_schema(
+        json.dumps(parameters, ensure_ascii=False), max_whitespace_cnt=max_whitespace, strict_mode=True
+    )
+    rules = dict(split_rules(str(grammar)))
+    common = reachable(rules, (name for name in rules if name.startswith("basic_")))
+    if not basics:
+        basics.update((name, rules[name]) for name in common)
+    shared = common if all(basics.get(name) == rules[name] for name in common) else set()
+    renamed = {name: f"t{index}_{name}" for name in rules if name not in shared}
+    return [(renamed[name], rename(body, renamed)) for name, body in rules.items() if name in renamed]
+
+
+def _call_rules(turn: TurnSpec, gap: str) -> list[Rule]:
+    """``turn_call``: the call tag around ``{"name": NAME, "arguments": ARGS}`` (or arguments
+    first), any tool. The text shared by all tools (the brace and the first key) is written once,
+    so a tool set of n tools adds n small branches rather than n copies of the call's head."""
     d = turn.dialect
-    gap = st.RegexFormat(pattern=ws)
+    basics: dict[str, str] = {}
+    rules: list[Rule] = []
+    for i, tool in enumerate(turn.tools):
+        rules += _arguments_rules(i, tool.parameters, turn.max_whitespace, basics)
+    rules += basics.items()
+    names = [_literal(json.dumps(t.name, ensure_ascii=False)) for t in turn.tools]
     orders = ("name_first", "arguments_first") if d.key_order == "either" else (d.key_order,)
-    branches = []
+    heads = []
     for order in orders:
-        per_tool: list[Any] = []
-        for tool in turn.tools:
-            name = re.escape(json.dumps(tool.name, ensure_ascii=False))
-            args = st.JSONSchemaFormat(json_schema=tool.parameters, max_whitespace_cnt=turn.max_whitespace)
-            if order == "name_first":
-                head = st.RegexFormat(pattern=rf'{name}{ws},{ws}"arguments"{ws}:')
-                per_tool.append(st.SequenceFormat(elements=[head, gap, args]))
-            else:
-                tail = st.RegexFormat(pattern=rf'{ws},{ws}"name"{ws}:{ws}{name}')
-                per_tool.append(st.SequenceFormat(elements=[args, tail]))
-        key = "name" if order == "name_first" else "arguments"
-        branches.append(
-            st.SequenceFormat(
-                elements=[st.RegexFormat(pattern=rf'"{key}"{ws}:'), gap, st.OrFormat(elements=per_tool)]
-            )
-        )
-    either: Any = branches[0] if len(branches) == 1 else st.OrFormat(elements=branches)
-    return st.SequenceFormat(
-        elements=[
-            st.ConstStringFormat(value=d.tool_call.begin), gap, st.RegexFormat(pattern=r"\{"), gap, either,
-            gap, st.RegexFormat(pattern=r"\}"), gap, st.ConstStringFormat(value=d.tool_call.end),
-        ]
-    )  # fmt: skip
+        if order == "name_first":
+            per_tool = [
+                f'{n} {gap} "," {gap} "\\"arguments\\"" {gap} ":" {gap} t{i}_root'
+                for i, n in enumerate(names)
+            ]
+            heads.append(f'"\\"name\\"" {gap} ":" {gap} turn_{order}')
+        else:
+            per_tool = [
+                f't{i}_root {gap} "," {gap} "\\"name\\"" {gap} ":" {gap} {n}' for i, n in enumerate(names)
+            ]
+            heads.append(f'"\\"arguments\\"" {gap} ":" {gap} turn_{order}')
+        rules.append((f"turn_{order}", _choice(per_tool)))
+    begin, end = _literal(d.tool_call.begin), _literal(d.tool_call.end)
+    return [
+        *rules,
+        ("turn_call_body", _choice(heads)),
+        ("turn_call", f'(({begin} {gap} "{{" {gap} turn_call_body {gap} "}}" {gap} {end}))'),
+    ]
 
 
-def build_structural_tag(turn: TurnSpec) -> st.StructuralTag:
-    """The whole turn as one xgrammar structural tag (see the module docstring for the shape)."""
+def turn_ebnf(turn: TurnSpec) -> str:
+    """The whole turn as xgrammar EBNF (see the module docstring for the shape), gaps not yet folded."""
     d = turn.dialect
-    call = _call(turn, _ws(turn.max_whitespace))
-    spans = [st.TagFormat(begin=p.begin, content=st.AnyTextFormat(), end=p.end) for p in d.free_spans]
+    gap, lead = f"turn_ws{{0, {turn.max_whitespace}}}", f"turn_ws{{0, {LEAD_WHITESPACE}}}"
+    rules: list[Rule] = [("turn_ws", "(([ \\t\\n\\r]))")]
+    if turn.mode != "none":
+        rules += _call_rules(turn, gap)
 
     # Free text is text holding no tag's begin, then tags each followed by such text. Spelled
-    # this way rather than as xgrammar's TriggeredTagsFormat, the text rule is the same for every
-    # tool set, so xgrammar's cache keeps its token masks: a new tool set compiles ~30% faster.
-    text = st.AnyTextFormat(excludes=[d.tool_call.begin, *(p.begin for p in d.free_spans)])
-
-    def free_text(with_calls: bool) -> Any:
-        tags = ([call] if with_calls else []) + spans
-        if not tags:
-            return text
-        tag_then_text = st.SequenceFormat(elements=[st.OrFormat(elements=tags), text])
-        return st.SequenceFormat(elements=[text, st.StarFormat(content=tag_then_text)])
-
-    def open_span(p: TagPair) -> st.SequenceFormat:
-        return st.SequenceFormat(
-            elements=[st.ConstStringFormat(value=p.begin), st.AnyTextFormat(excludes=[p.end])]
-        )
-
-    tail: list[Any] = (
-        [st.OptionalFormat(content=st.OrFormat(elements=[open_span(p) for p in d.free_spans]))]
-        if spans
-        else []
-    )
-    body: list[Any]
-    if turn.mode == "none":
-        body = [free_text(False)]
-    elif turn.mode == "auto" and turn.parallel:
-        body = [free_text(True)]
-    elif turn.mode == "auto":
-        body = [
-            free_text(False),
-            st.OptionalFormat(content=st.SequenceFormat(elements=[call, free_text(False)])),
+    # this way rather than as xgrammar's triggered tags, the text rule is the same for every
+    # tool set, so xgrammar's cache keeps its token masks.
+    excludes = ", ".join(_literal(t) for t in (d.tool_call.begin, *(p.begin for p in d.free_spans)))
+    rules.append(("turn_text", f"TagDispatch(loop_after_dispatch=false, excludes=({excludes}))"))
+    spans = [f"turn_span_{k}" for k in range(len(d.free_spans))]
+    for span, p in zip(spans, d.free_spans, strict=True):
+        rules += [
+            (f"{span}_text", f"TagDispatch(loop_after_dispatch=false, excludes=({_literal(p.end)}))"),
+            (span, f"(({_literal(p.begin)} {span}_text {_literal(p.end)}))"),
         ]
+
+    def free_text(with_calls: bool) -> str:
+        tags = (["turn_call"] if with_calls else []) + spans
+        if not tags:
+            return "turn_text"
+        name = "turn_free_calls" if with_calls else "turn_free"
+        if (f"{name}_tag", _choice(tags)) not in rules:  # written once, however often it is used
+            rules.extend(
+                [
+                    (f"{name}_tag", _choice(tags)),
+                    (f"{name}_star", _choice(["", f"{name}_tag turn_text {name}_star"])),
+                ]
+            )
+        return f"turn_text {name}_star"
+
+    if turn.mode == "none":
+        body = free_text(False)
+    elif turn.mode == "auto" and turn.parallel:
+        body = free_text(True)
+    elif turn.mode == "auto":
+        rules.append(("turn_then", _choice(["", f"turn_call {free_text(False)}"])))
+        body = f"{free_text(False)} turn_then"
     else:
-        lead = st.RegexFormat(pattern=_ws(LEAD_WHITESPACE))
-        prefix: list[Any] = [lead]
+        body = f"{lead} turn_call {free_text(turn.parallel)}"
         if spans:
-            prefix = [
-                st.StarFormat(content=st.SequenceFormat(elements=[lead, st.OrFormat(elements=spans)])),
-                lead,
+            rules += [
+                ("turn_lead_span", _choice(spans)),
+                ("turn_lead", _choice(["", f"{lead} turn_lead_span turn_lead"])),
             ]
-        body = [*prefix, call, free_text(turn.parallel)]
-    return st.StructuralTag(format=st.SequenceFormat(elements=body + tail))
+            body = f"turn_lead {body}"
+    if spans:  # the output may end inside an unclosed span
+        rules.append(
+            (
+                "turn_tail",
+                _choice(
+                    ["", *(f"{_literal(p.begin)} {s}_text" for s, p in zip(spans, d.free_spans, strict=True))]
+                ),
+            )
+        )
+        body += " turn_tail"
+    rules.append(("root", f"(({body}))"))
+    return join_rules(rules)
 
 
 def _is_basic(rule: str) -> bool:
     """xgrammar's built-in JSON rules: their masks are cached across grammars in their own
     context, so their gaps are left alone."""
     return rule.startswith("basic_")
-
-
-def _worth_merging(rule: str) -> bool:
-    """xgrammar's built-in JSON rules, copied into every schema (~370 KiB of masks each on a 131k
-    vocabulary), and its free-text rules. Merging every equal rule would compile faster still, but
-    xgrammar's masks inside calls run ~2x slower once the rules of distinct whitespace gaps are
-    one rule followed by many contexts."""
-    return rule.startswith(("basic_", "any_text"))
 
 
 @contextmanager
@@ -224,13 +250,12 @@ class XGrammarEngine(GrammarEngine):
     @classmethod
     def check(cls, turn: TurnSpec) -> None:
         with _readable_errors():
-            xgr.Grammar.from_structural_tag(build_structural_tag(turn))
+            xgr.Grammar.from_ebnf(turn_ebnf(turn))
 
     def compile(self, turn: TurnSpec) -> XGrammarGrammar:
         with _readable_errors():
-            ebnf = str(xgr.Grammar.from_structural_tag(build_structural_tag(turn)))
-            ebnf = fold_gaps(dedupe_rules(ebnf, "root", _worth_merging), _is_basic)
-            return XGrammarGrammar(self._compiler.compile_grammar(xgr.Grammar.from_ebnf(ebnf)))
+            grammar = xgr.Grammar.from_ebnf(fold_gaps(turn_ebnf(turn), _is_basic))
+            return XGrammarGrammar(self._compiler.compile_grammar(grammar))
 
     def fill_bitmasks(
         self, matchers: Sequence[EngineMatcher], bitmask: torch.Tensor, rows: Sequence[int]
