@@ -455,6 +455,15 @@ def test_llguidance_refusals_name_the_tool_and_keyword(tokenizer: Any) -> None:
     )
 
 
+def test_xgrammar_takes_integral_floats_as_integers(tokenizer: Any) -> None:
+    """JSON Schema compares numbers by value: ``maxItems: 2.0`` is a count, ``const: 2.0`` is 2."""
+    floats = {"type": "object", "properties": {"v": {"type": "array", "maxItems": 2.0}, "c": {"const": 2.0}}}
+    grammar = compiler_for("xgrammar", tokenizer).compile([tool(floats, "t")])
+    call = '<tool_call>{"name": "t", "arguments": {"v": [1, 2], "c": 2}}</tool_call>'
+    assert grammar.matcher().accepts_text(call)
+    assert not grammar.matcher().accepts_text(call.replace("[1, 2]", "[1, 2, 3]"))
+
+
 # --- the outlines free-text regex -------------------------------------------------------------------
 
 TAG_SETS = [

@@ -25,6 +25,7 @@ import xgrammar as xgr
 from hermes_vllm.grammar.engines.base import EngineGrammar, EngineMatcher, GrammarEngine, Vocabulary
 from hermes_vllm.grammar.engines.ebnf import Rule, fold_gaps, join_rules, reachable, rename, split_rules
 from hermes_vllm.grammar.turn import LEAD_WHITESPACE, TurnSpec
+from hermes_vllm.schema import canonical_value
 from hermes_vllm.settings import get_limits
 
 # Measured on the JSON-Schema-Test-Suite (benchmarks/soundness.py): xgrammar enforces these once
@@ -72,8 +73,10 @@ def _arguments_rules(index: int, parameters: Any, max_whitespace: int, basics: d
     """One tool's arguments grammar, from xgrammar's JSON-schema conversion, its rules renamed
     ``t<index>_...``. xgrammar's basic JSON rules (and the whitespace rules they use) are the same
     text for every schema: the first tool's copy goes to ``basics``, later equal copies are dropped."""
-    grammar = xgr.Grammar.from_json_schema(
-        json.dumps(parameters, ensure_ascii=False), max_whitespace_cnt=max_whitespace, strict_mode=True
+    grammar = xgr.Grammar.from_json_schema(  # integral floats as integers, as its structural tags take them
+        json.dumps(canonical_value(parameters), ensure_ascii=False),
+        max_whitespace_cnt=max_whitespace,
+        strict_mode=True,
     )
     rules = dict(split_rules(str(grammar)))
     common = reachable(rules, (name for name in rules if name.startswith("basic_")))
