@@ -50,13 +50,11 @@ def test_many_tools_share_one_copy_of_the_json_basics(tokenizer_131k: Any) -> No
 
 ELEMENT = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|[A-Za-z_]\w*(?:\{\d+, ?-?\d+\})?')
 
-# The three ways xgrammar prints a gap: a repeated one-character rule, an optional class, and a
-# rule that is only a repeated gap (our own regexes print that).
+# The two ways xgrammar prints a gap: a repeated one-character rule, and an optional class.
 GAPS = (
-    'root ::= (("{" w{0, 1} "\\"a\\"" o ":" r b) | ("[" w{0, 2} "]" w{0, 1}))\n'
+    'root ::= (("{" w{0, 1} "\\"a\\"" o ":" w{0, 1} b) | ("[" w{0, 2} "]" w{0, 1}))\n'
     "w ::= (([ \\t\\n\\r]))\n"
     'o ::= ("" | ([ \\n\\r\\t]))\n'
-    "r ::= ((w{0, 1}))\n"
     'b ::= (("1") | ("2" w{0, 1} "}")) (=(w{0, 1} "x"))\n'
 )
 
@@ -64,9 +62,9 @@ GAPS = (
 def test_gaps_fold_into_the_element_after_them_and_the_language_is_kept() -> None:
     folded = fold_gaps(GAPS)
     bodies = dict(split_rules(folded))
-    assert bodies["root"] == '(("{" gap_7 gap_6 gap_5) | ("[" gap_8 w{0, 1}))'  # a gap at the end stays
-    assert bodies["gap_5"] == "((b) | ([ \\t\\n\\r] b))"  # the optional class and the wrapper fold too
-    assert bodies["gap_8"] == '(("]") | ([ \\t\\n\\r] "]") | ([ \\t\\n\\r] [ \\t\\n\\r] "]"))'
+    assert bodies["root"] == '(("{" gap_6 gap_5 gap_4) | ("[" gap_7 w{0, 1}))'  # a gap at the end stays
+    assert bodies["gap_5"] == '((":") | ([ \\t\\n\\r] ":"))'  # the optional class folds too
+    assert bodies["gap_7"] == '(("]") | ([ \\t\\n\\r] "]") | ([ \\t\\n\\r] [ \\t\\n\\r] "]"))'
     assert bodies["b"].endswith('(=(w{0, 1} "x"))')  # lookaheads are left as they are
     for text in ('{"a":1', '{ "a" : 1', '{ "a"\n: \t1', '{"a":2 }', "[]", "[  ] ", "[ ]\n"):
         assert _accepts(folded, text) == _accepts(GAPS, text), text

@@ -68,9 +68,10 @@ def rename(body: str, names: Mapping[str, str]) -> str:
 def fold_gaps(ebnf: str, keep: Callable[[str], bool] = lambda name: False) -> str:
     """``ebnf`` with each whitespace gap that has an element after it joined to that element.
 
-    A gap is a reference to a rule of one whitespace class, repeated 0 to n times (n <= 4), in any
-    of the three ways xgrammar prints one. Rules whose name passes ``keep`` are left as they are
-    (xgrammar caches the masks of its basic JSON rules across grammars by their exact context).
+    A gap is a reference to a rule of one whitespace class, repeated 0 to n times (n <= 4), in
+    either way xgrammar prints one: ``ws{0, n}``, or a rule ``("" | ([ \\n\\r\\t]))``. Rules whose
+    name passes ``keep`` are left as they are (xgrammar caches the masks of its basic JSON rules
+    across grammars by their exact context).
     Equal folded rules are written once.
     """
     rules = split_rules(ebnf)
@@ -111,8 +112,8 @@ _SHORT = 32
 """Gap rules have short bodies; longer ones are not looked at."""
 
 
-def _gap_references(rules: list[tuple[str, str]], ebnf: str) -> dict[str, tuple[str, int]]:
-    """Each way to refer to a gap (``ws{0, n}``, or a rule that is one) -> (its class, n)."""
+def _gap_references(rules: list[Rule], ebnf: str) -> dict[str, tuple[str, int]]:
+    """Each way to refer to a gap (``ws{0, n}``, or an optional-class rule) -> (its class, n)."""
     short = [(name, body) for name, body in rules if len(body) <= _SHORT]
     chars: dict[str, str] = {}  # rule of one whitespace character -> its class
     gaps: dict[str, tuple[str, int]] = {}
@@ -129,9 +130,6 @@ def _gap_references(rules: list[tuple[str, str]], ebnf: str) -> dict[str, tuple[
             name = ebnf[start : match.start()]
             if name in chars and 0 < int(match[1]) <= _MAX_FOLDED_WHITESPACE:
                 gaps[name + match[0]] = (chars[name], int(match[1]))
-        for name, body in short:  # a rule that is only a repeated gap, as our own regexes print
-            if body.startswith("((") and body[2:-2] in gaps:
-                gaps[name] = gaps[body[2:-2]]
     return gaps
 
 
