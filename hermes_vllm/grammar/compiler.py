@@ -108,7 +108,7 @@ class ToolCallMatcher:
         if gate.terminated:
             return False
         if gate.clean:
-            if not gate.start_allows(token_id):
+            if not gate.start.allows(token_id):
                 return False
             gate.feed(token_id)
             if not gate.clean and not gate.terminated:
@@ -218,9 +218,6 @@ class _Gate:
         """A stop token was accepted."""
         self.clean = True
         """At a clean point: read on every mask, so kept as a field."""
-
-    def start_allows(self, token_id: int) -> bool:
-        return self.start.allows(token_id)
 
     def feed(self, token_id: int) -> None:
         self._history.append(token_id)

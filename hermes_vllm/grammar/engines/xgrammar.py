@@ -147,12 +147,8 @@ def turn_ebnf(turn: TurnSpec) -> str:
             return "turn_text"
         name = "turn_free_calls" if with_calls else "turn_free"
         if (f"{name}_tag", _choice(tags)) not in rules:  # written once, however often it is used
-            rules.extend(
-                [
-                    (f"{name}_tag", _choice(tags)),
-                    (f"{name}_star", _choice(["", f"{name}_tag turn_text {name}_star"])),
-                ]
-            )
+            rules.append((f"{name}_tag", _choice(tags)))
+            rules.append((f"{name}_star", _choice(["", f"{name}_tag turn_text {name}_star"])))
         return f"turn_text {name}_star"
 
     if turn.mode == "none":
