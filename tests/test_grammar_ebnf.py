@@ -80,7 +80,7 @@ def test_equal_folds_are_written_once_and_kept_rules_are_left_alone() -> None:
 
 
 def test_a_turn_grammar_keeps_no_gap_that_ends_its_rule(tokenizer_131k: Any) -> None:
-    """Each such gap made xgrammar re-check ~50k tokens per compile: a third of a cold compile."""
+    """Each such gap made xgrammar re-check ~75k tokens per compile: a third of a cold compile."""
     compiler = ToolGrammarCompiler(tokenizer_131k)
     for choice in ("auto", "required"):
         spec = compiler.prepare([_strings_tool("t0", "ab"), _strings_tool("t1", "c")], choice).spec
