@@ -129,10 +129,6 @@ class ConstraintCore:
         """Built on first use: loading a 150k-token vocabulary is not free."""
         return ToolGrammarCompiler(self._tokenizer_loader(), engine=self.engine, vocab_size=self.vocab_size)
 
-    @property
-    def _decoded(self) -> list[str]:
-        return self.compiler.vocab.latin1
-
     @cached_property
     def _byte_index(self) -> tuple[np.ndarray, np.ndarray]:
         """All tokens' bytes concatenated, and the token each byte belongs to."""
@@ -143,11 +139,12 @@ class ConstraintCore:
 
     def _tokens_holding(self, watch: bytes) -> np.ndarray:
         """Boolean array over the vocabulary: does the token hold any byte of ``watch``?"""
-        out = np.zeros(len(self._decoded), dtype=bool)
+        size = len(self.compiler.vocab.decoded)
+        out = np.zeros(size, dtype=bool)
         for byte in watch:
             if byte not in self._holds_byte:
                 blob, owner = self._byte_index
-                hit = np.zeros(len(self._decoded), dtype=bool)
+                hit = np.zeros(size, dtype=bool)
                 hit[owner[blob == byte]] = True
                 self._holds_byte[byte] = hit
             out |= self._holds_byte[byte]
@@ -205,16 +202,17 @@ class ConstraintCore:
             return
         if state.matcher is not None:
             self._feed_engine(state, new_tokens)
+        latin1 = self.compiler.vocab.latin1
         if state.watch:
             holds = self._watch_array(state.watch)
             if not any(holds[t] for t in new_tokens if 0 <= t < len(holds)):
                 # Nothing a tag could be made of: the row's situation is unchanged.
                 if state.pending or state.matcher is not None:
                     state.pending.extend(new_tokens)
-                    state.text += "".join(self._decoded[t] for t in new_tokens)
+                    state.text += "".join(latin1[t] for t in new_tokens)
                 return
         state.pending.extend(new_tokens)
-        state.text += "".join(self._decoded[t] for t in new_tokens if 0 <= t < len(self._decoded))
+        state.text += "".join(latin1[t] for t in new_tokens if 0 <= t < len(latin1))
         self._regate(state)
 
     def _watch_array(self, watch: bytes) -> np.ndarray:
