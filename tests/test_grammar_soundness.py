@@ -1,8 +1,8 @@
 """Soundness of the tool grammar on the reference corpora, and the policy pieces it rests on.
 
 Corpus tests run every draft 2020-12 keyword file of the JSON-Schema-Test-Suite and two BFCL files
-on the 32k tokenizer (benchmarks/soundness.py runs everything, on both tokenizers); they skip,
-saying where they looked, when ``../shared/corpus`` is absent.
+on the 32k tokenizer (benchmarks/soundness.py runs everything, on both tokenizers); the corpora
+come from their pinned registry files when no copy is beside the checkout, so they never skip.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from hermes_vllm.schema import (
     normalize_tool,
     search_as_full_match,
 )
-from hermes_vllm.testing.corpus import CORPUS_ENV, CorpusMissing, bfcl_files, corpus_dir, suite_files
+from hermes_vllm.testing.corpus import bfcl_files, suite_files
 from hermes_vllm.testing.soundness import (
     PROBES,
     call_text,
@@ -52,10 +52,8 @@ BFCL_CHECKED = ("BFCL_v4_simple_python.json", "BFCL_v4_parallel.json")
 
 
 def _corpus_params(files: Any, only: tuple[str, ...] = ()) -> list[Any]:
-    try:
-        paths = [p for p in files() if not only or p.name in only]
-    except CorpusMissing as err:
-        return [pytest.param(None, id="corpus-missing", marks=pytest.mark.skip(reason=str(err)))]
+    paths = [p for p in files() if not only or p.name in only]
+    assert paths, "the corpus holds no files"
     return [pytest.param(p, id=p.name) for p in paths]
 
 
@@ -163,14 +161,6 @@ def test_bfcl_dialect_is_normalised_everywhere() -> None:
     assert props["pair"]["type"] == "array" and "type" not in props["pair"]["items"]
     assert props["opts"]["type"] == "object" and props["opts"]["properties"]["v"]["type"] == ["number"]
     assert "type" not in props["anything"]
-
-
-def test_corpus_location_honours_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv(CORPUS_ENV, str(tmp_path))
-    assert corpus_dir() == tmp_path
-    monkeypatch.setenv(CORPUS_ENV, str(tmp_path / "absent"))
-    with pytest.raises(CorpusMissing, match=CORPUS_ENV):
-        corpus_dir()
 
 
 # --- coverage policy -----------------------------------------------------------------------------

@@ -33,12 +33,9 @@ def llm(tiny_model: Path) -> Any:
 
 def bfcl_tool_sets(count: int) -> list[list[dict[str, Any]]]:
     """``count`` tool sets spread over the multi-tool BFCL files."""
-    from hermes_vllm.testing.corpus import CorpusMissing, bfcl_files, load_bfcl
+    from hermes_vllm.testing.corpus import bfcl_files, load_bfcl
 
-    try:
-        files = [f for f in bfcl_files() if "multiple" in f.name]
-    except CorpusMissing as err:
-        pytest.skip(str(err))
+    files = [f for f in bfcl_files() if "multiple" in f.name]
     sets = [case.tools for path in files for case in load_bfcl(path)]
     return sets[:: max(1, len(sets) // count)][:count]
 

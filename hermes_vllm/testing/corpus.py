@@ -1,40 +1,110 @@
 """The reference corpora (JSON-Schema-Test-Suite, BFCL): where they live and how to read them.
 
-The corpora are read-only data kept beside the checkout (``<repo>/../shared/corpus``, the same in
-CI), never copied into the repository; ``$HERMES_VLLM_CORPUS`` points elsewhere.
+Both come from the package registries: BFCL v4 from the ``bfcl-eval`` wheel (``bfcl_eval/data``),
+the test suite from the ``jsonschema`` sdist (``json/tests``), each pinned by sha256
+(:mod:`hermes_vllm.testing.artifacts`) and unpacked once per machine into the artifact cache, in
+the layout ``bfcl/BFCL_v4_*.json``, ``bfcl/possible_answer/``,
+``json-schema-test-suite/tests/draft2020-12/``. ``$HERMES_VLLM_CORPUS`` points at a folder of that
+layout instead (``../shared/corpus`` in this workplace: the same BFCL files, a newer test suite).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import tarfile
+import tempfile
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from functools import cache
+from pathlib import Path, PurePosixPath
 from typing import Any
+
+from hermes_vllm.testing.artifacts import Artifact, artifact_cache, fetch
 
 CORPUS_ENV = "HERMES_VLLM_CORPUS"
 SUITE_DRAFT = "draft2020-12"
-_REPO = Path(__file__).resolve().parents[2]
+
+BFCL_WHEEL = Artifact(
+    "bfcl-eval",
+    "2026.3.23",
+    "bfcl_eval-2026.3.23-py3-none-any.whl",
+    "3bb6dfa5f0c68ad403c9ec50b00db2bb3b4cc9b38ab1ff33f48fe30d853d3a0a",
+)
+SUITE_SDIST = Artifact(
+    "jsonschema",
+    "4.25.1",
+    "jsonschema-4.25.1.tar.gz",
+    "e4a9655ce0da0c0b67a085847e00a3a51449e1157f4f75e9fb5aa545e122eb85",
+)
+BFCL_FILES = (
+    "BFCL_v4_live_multiple.json",
+    "BFCL_v4_live_parallel.json",
+    "BFCL_v4_live_parallel_multiple.json",
+    "BFCL_v4_live_simple.json",
+    "BFCL_v4_multiple.json",
+    "BFCL_v4_parallel.json",
+    "BFCL_v4_parallel_multiple.json",
+    "BFCL_v4_simple_python.json",
+)
+"""The single-turn function-calling categories with tool sets and ground truth (the wheel also
+holds multi-turn, memory and web-search data in other shapes)."""
+_CORPUS_LAYOUT = 1
+"""Bump when the unpacked layout changes, so cached corpora are unpacked again."""
 
 
 class CorpusMissing(FileNotFoundError):
-    """The corpus folder is absent; the message says where it was looked for (tests skip with it)."""
+    """``$HERMES_VLLM_CORPUS`` names no folder; the message says where it was looked for."""
 
 
 def corpus_dir() -> Path:
-    """``$HERMES_VLLM_CORPUS`` if set, else ``<repo>/../shared/corpus`` (or ``<cwd>/../shared/corpus``)."""
+    """``$HERMES_VLLM_CORPUS`` if set, else the corpora unpacked from their pinned registry files
+    (fetched on first use). A copy beside the checkout is not read by default: its test suite is
+    another revision than the pinned sdist's, and CI must test what a user's machine tests."""
     override = os.environ.get(CORPUS_ENV)
-    candidates = (
-        [Path(override)]
-        if override
-        else [_REPO.parent / "shared" / "corpus", Path.cwd().parent / "shared" / "corpus"]
-    )
-    for candidate in candidates:
-        if candidate.is_dir():
-            return candidate
-    looked = ", ".join(str(c) for c in candidates)
-    raise CorpusMissing(f"reference corpus not found (looked in {looked}); set {CORPUS_ENV} to its folder")
+    if override:
+        if not Path(override).is_dir():
+            raise CorpusMissing(f"{CORPUS_ENV}={override}: no such folder")
+        return Path(override)
+    return registry_corpus()
+
+
+@cache
+def registry_corpus() -> Path:
+    """The corpora unpacked from the pinned ``bfcl-eval`` wheel and ``jsonschema`` sdist."""
+    out = artifact_cache() / f"corpus-v{_CORPUS_LAYOUT}"
+    if (out / ".complete").is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        staging = Path(tmp)
+        wanted = {f"bfcl_eval/data/{name}": f"bfcl/{name}" for name in BFCL_FILES}
+        wanted |= {f"bfcl_eval/data/possible_answer/{n}": f"bfcl/possible_answer/{n}" for n in BFCL_FILES}
+        with zipfile.ZipFile(fetch(BFCL_WHEEL)) as wheel:
+            for member, dest in wanted.items():
+                if member in wheel.namelist():
+                    _write(staging / dest, wheel.read(member))
+        suite = f"json/tests/{SUITE_DRAFT}/"
+        with tarfile.open(fetch(SUITE_SDIST)) as sdist:
+            for member in sdist.getmembers():
+                inner = PurePosixPath(*PurePosixPath(member.name).parts[1:]).as_posix()
+                if member.isfile() and inner.startswith(suite):
+                    data = sdist.extractfile(member)
+                    assert data is not None
+                    _write(staging / "json-schema-test-suite" / "tests" / inner[len("json/tests/") :], data.read())
+        (staging / ".complete").write_text("", encoding="utf-8")
+        if not (out / ".complete").is_file():  # another process may have finished first
+            shutil.rmtree(out, ignore_errors=True)
+            staging.rename(out)
+            staging.mkdir()  # for TemporaryDirectory's clean-up
+    return out
+
+
+def _write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
 
 
 def suite_files() -> list[Path]:
