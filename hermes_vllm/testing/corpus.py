@@ -93,7 +93,8 @@ def registry_corpus() -> Path:
                 if entry.isfile() and inner.startswith(suite):
                     data = sdist.extractfile(entry)
                     assert data is not None
-                    _write(staging / "json-schema-test-suite" / "tests" / inner[len("json/tests/") :], data.read())
+                    path = staging / "json-schema-test-suite" / "tests" / inner[len("json/tests/") :]
+                    _write(path, data.read())
         (staging / ".complete").write_text("", encoding="utf-8")
         if not (out / ".complete").is_file():  # another process may have finished first
             shutil.rmtree(out, ignore_errors=True)
