@@ -490,9 +490,10 @@ def test_outlines_refuses_tags_it_cannot_write_as_a_small_regex() -> None:
 
 
 def test_auto_engine_routes_what_xgrammar_compiles_slowly_or_cannot_enforce(tokenizer_131k: Any) -> None:
-    """The server's default: xgrammar, llguidance for length-bounded strings and its extra keywords."""
-    import time
+    """The server's default: xgrammar, llguidance for length-bounded strings and its extra keywords.
 
+    (xgrammar alone takes ~5 s for ``maxLength: 100`` on 131k tokens: benchmarks/compile.py; the
+    routing, not a wall-clock bound, is what is checked here.)"""
     from hermes_vllm.grammar import ToolGrammarCompiler
     from hermes_vllm.grammar.engines.llguidance import LLGuidanceGrammar
     from hermes_vllm.grammar.engines.xgrammar import XGrammarGrammar
@@ -512,9 +513,7 @@ def test_auto_engine_routes_what_xgrammar_compiles_slowly_or_cannot_enforce(toke
             "type": "function",
             "function": {"name": "t", "parameters": {"type": "object", "properties": {"a": schema}}},
         }
-        start = time.perf_counter()
         grammar = compiler.compile([tool])
-        assert time.perf_counter() - start < 3, schema  # xgrammar alone: ~5 s for maxLength 100 here
         assert isinstance(grammar.grammar, kind), schema
         assert grammar.matcher().accepts_text(
             f'<tool_call>{{"name": "t", "arguments": {{"a": {value}}}}}</tool_call>'
