@@ -15,6 +15,7 @@ from typing import Literal
 KeyOrder = Literal["name_first", "arguments_first", "either"]
 ResponseRole = Literal["tool", "user"]
 ReasoningHistory = Literal["dropped", "after_last_query"]
+ResponsePayload = Literal["named", "bare"]
 
 DEFAULT_DIALECT = "hermes"
 
@@ -46,6 +47,10 @@ class Dialect:
     """``after_last_query``: assistant turns after the last user message carry their
     ``reasoning_content`` in the first reasoning span, and a final assistant turn there always
     carries one, empty if need be (Qwen 3's multi-step tool loops); ``dropped``: never."""
+    response_payload: ResponsePayload = "named"
+    """What the formatter puts in a response block: ``named``, Hermes 2 Pro's
+    ``{"name": ..., "content": ...}`` (the Hermes datasets); ``bare``, the result alone, as
+    Qwen's template and Qwen-Agent write it. Prompts always hold the tool message's content."""
     thinking_switch: bool = False
     """``enable_thinking=False`` puts an empty first reasoning span after the generation prompt
     (Qwen 3), so the model answers without thinking."""
@@ -98,6 +103,9 @@ def _parse(data: dict[str, object], source: str) -> Dialect:
     history = data.get("reasoning_history", "dropped")
     if history not in ("dropped", "after_last_query"):
         raise ValueError(f"{source}: reasoning_history must be 'dropped' or 'after_last_query'")
+    payload = data.get("response_payload", "named")
+    if payload not in ("named", "bare"):
+        raise ValueError(f"{source}: response_payload must be 'named' or 'bare'")
     switch = data.get("thinking_switch", False)
     if not isinstance(switch, bool):
         raise ValueError(f"{source}: thinking_switch must be true or false")
@@ -122,6 +130,7 @@ def _parse(data: dict[str, object], source: str) -> Dialect:
         response_role=role,
         system_preamble=str(data["system_preamble"]),
         reasoning_history=history,
+        response_payload=payload,
         thinking_switch=switch,
     )
 

@@ -82,7 +82,7 @@ arguments = st.dictionaries(texts, json_values, max_size=4)
 tools = tool_lists(names, texts)
 
 
-def _reads_as_json_non_string(text: str) -> bool:
+def reads_as_json_non_string(text: str) -> bool:
     try:
         return not isinstance(loads_json(text), str)
     except ValueError:
@@ -91,7 +91,7 @@ def _reads_as_json_non_string(text: str) -> bool:
 
 tool_results = st.one_of(
     json_values.filter(lambda v: not isinstance(v, str)).map(dump_json),
-    texts.filter(lambda s: not _reads_as_json_non_string(s)),
+    texts.filter(lambda s: not reads_as_json_non_string(s)),
 )
 """Canonical OpenAI tool-message content: a JSON non-string value as ``dump_json`` writes it, or
 any other text (JSON string literals included)."""

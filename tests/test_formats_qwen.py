@@ -7,16 +7,28 @@ control string, so our escaping (which Qwen's template does not do) changes noth
 
 from __future__ import annotations
 
+import ast
+import json
+import logging
+import sys
+import zipfile
+from functools import cache
+from types import ModuleType
 from typing import Any
 
-from formats_strategies import json_values_of, tool_lists
+from formats_strategies import arguments, json_values_of, names, reads_as_json_non_string, texts, tool_lists
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hermes_vllm.dialect import get_dialect
 from hermes_vllm.formats.chat_template import chat_template
+from hermes_vllm.formats.escape import unescape_text
+from hermes_vllm.formats.formatter import HermesFunctionFormatter
+from hermes_vllm.formats.models import ToolCall
 from hermes_vllm.formats.payload import dump_json
 from hermes_vllm.formats.prompt import build_hermes_prompt
+from hermes_vllm.formats.system import system_body
+from hermes_vllm.testing.artifacts import Artifact, fetch
 from hermes_vllm.testing.qwen import qwen3_chat_template
 
 QWEN = get_dialect("qwen")
@@ -156,3 +168,124 @@ def test_an_empty_system_message_still_precedes_the_tools(tokenizer: Any) -> Non
     qwen = _qwen3(tokenizer, messages, tools=[WEATHER])
     assert qwen.startswith("<|im_start|>system\n\n\n# Tools\n")
     assert build_hermes_prompt(None, messages, [WEATHER], add_generation_prompt=False, dialect="qwen") == qwen
+
+
+# --- peer check: Qwen-Agent's own Hermes-style prompt and parser --------------------------------
+#
+# qwen-agent cannot be imported here: its package __init__ pulls in dashscope, soundfile, numpy,
+# requests and json5, none of which this project installs. Its two modules that matter,
+# ``nous_fncall_prompt.py`` (prompt and parser) and ``llm/schema.py`` (pydantic messages), are read
+# from the pinned wheel and run as they are, with only their imports supplied: the schema module
+# itself, ``logging`` for its logger, ``object`` for the abstract base class (every method is
+# overridden) and ``json`` for ``json5``: json5 reads a superset of JSON, and only JSON is fed.
+
+QWEN_AGENT = Artifact(
+    "qwen-agent",
+    "0.0.34",
+    "qwen_agent-0.0.34-py3-none-any.whl",
+    "195264f9c1880f60f23781805d69bb3ffadfe944b7b70358f7115a0dd4bc59b7",
+)
+
+
+def _run_module(wheel: zipfile.ZipFile, path: str, provided: dict[str, Any]) -> ModuleType:
+    """The wheel's module at ``path``, its json5 and qwen_agent imports replaced by ``provided``."""
+    tree = ast.parse(wheel.read(path).decode("utf-8"))
+    tree.body = [
+        node
+        for node in tree.body
+        if not (isinstance(node, ast.ImportFrom) and (node.module or "").startswith("qwen_agent"))
+        and not (isinstance(node, ast.Import) and node.names[0].name == "json5")
+    ]
+    module = ModuleType("_pinned_" + path.removesuffix(".py").replace("/", "."))
+    module.__dict__.update(provided)
+    sys.modules[module.__name__] = module  # pydantic resolves a model's annotations there
+    exec(compile(tree, path, "exec"), module.__dict__)
+    return module
+
+
+@cache
+def _qwen_agent() -> tuple[ModuleType, ModuleType]:
+    """``(schema, nous_fncall_prompt)`` of qwen-agent 0.0.34."""
+    with zipfile.ZipFile(fetch(QWEN_AGENT)) as wheel:
+        schema = _run_module(wheel, "qwen_agent/llm/schema.py", {})
+        provided = {
+            **{k: v for k, v in vars(schema).items() if not k.startswith("__")},
+            "BaseFnCallPrompt": object,
+            "json5": json,
+            "logger": logging.getLogger("qwen_agent"),
+        }
+        nous = _run_module(wheel, "qwen_agent/llm/fncall_prompts/nous_fncall_prompt.py", provided)
+    return schema, nous
+
+
+def _text(message: Any) -> str:
+    return "".join(item.text for item in message.content)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(st.none() | plain_texts, tool_lists(plain_names, plain_texts))
+def test_qwen_agent_announces_tools_as_the_qwen_dialect_does(system: str | None, tools: list[Any]) -> None:
+    schema, nous = _qwen_agent()
+    messages = [schema.Message("system", [schema.ContentItem(text=system)])] if system is not None else []
+    functions = [tool["function"] for tool in tools]
+    [turn] = nous.NousFnCallPrompt().preprocess_fncall_messages(messages, functions, lang="en")
+    assert turn.role == "system"
+    assert _text(turn) == system_body(system, tools, QWEN)
+
+
+results = st.one_of(
+    plain_texts.filter(lambda t: not reads_as_json_non_string(t)),
+    json_values_of(plain_texts).filter(lambda v: not isinstance(v, str)),
+)
+"""A tool result: text, or a JSON value (sent to qwen-agent as its JSON text)."""
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(
+    plain_texts,
+    st.lists(st.tuples(names, arguments), min_size=1, max_size=3),
+    st.lists(results, min_size=1, max_size=3),
+)
+def test_our_formatter_reads_what_qwen_agent_writes(
+    content: str, calls: list[tuple[str, dict[str, Any]]], contents: list[Any]
+) -> None:
+    """Qwen-Agent writes calls and responses unescaped, text then calls with no newline between
+    (so a text's own last newline reads as the one that separates it from the calls)."""
+    schema, nous = _qwen_agent()
+    message, item, call = schema.Message, schema.ContentItem, schema.FunctionCall
+    history = [message("user", [item(text="go")])]
+    for n, (name, args) in enumerate(calls):
+        text = [item(text=content)] if n == 0 and content else []
+        history.append(message("assistant", text, function_call=call(name, json.dumps(args))))
+    for result in contents:
+        text = result if isinstance(result, str) else dump_json(result)
+        history.append(message("function", [item(text=text)], name=calls[0][0]))
+    *_, assistant, responses = nous.NousFnCallPrompt().preprocess_fncall_messages(history, [], lang="en")
+    formatter = HermesFunctionFormatter(QWEN)
+    parsed = formatter.parse_tool_calls(_text(assistant))
+    assert (parsed.content, [(c.name, c.arguments) for c in parsed.blocks]) == (
+        content.removesuffix("\n"),
+        calls,
+    )
+    assert parsed.errors == [] and parsed.rest == ""
+    assert responses.role == "user"
+    assert [r.content for r in formatter.extract_tool_responses(_text(responses))] == contents
+
+
+@settings(max_examples=100, deadline=None)
+@given(texts, st.lists(st.tuples(names, arguments), min_size=1, max_size=3))
+def test_qwen_agent_reads_what_our_formatter_writes(
+    content: str, calls: list[tuple[str, dict[str, Any]]]
+) -> None:
+    """Their parser splits on the tags as text: our escaping is what keeps it from misreading."""
+    schema, nous = _qwen_agent()
+    written = HermesFunctionFormatter(QWEN).format_tool_calls(
+        content, [ToolCall(name=n, arguments=a) for n, a in calls]
+    )
+    read = nous.NousFnCallPrompt().postprocess_fncall_messages(
+        [schema.Message("assistant", [schema.ContentItem(text=written)])]
+    )
+    got = [(m.function_call.name, json.loads(m.function_call.arguments)) for m in read if m.function_call]
+    assert got == calls
+    kept = "".join(_text(m) for m in read if not m.function_call)
+    assert unescape_text(kept, QWEN) == (content + "\n" if content.strip() else "")

@@ -12,9 +12,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hermes_vllm.dialect import Dialect, get_dialect
-from hermes_vllm.formats.blocks import call_block, join_body, response_block, turn
-from hermes_vllm.formats.escape import escape_json_text, escape_text
-from hermes_vllm.formats.payload import dump_json
+from hermes_vllm.formats.blocks import call_block, join_body, response_block, result_body, turn
+from hermes_vllm.formats.escape import escape_text
 from hermes_vllm.formats.system import system_body
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -37,11 +36,9 @@ def _text(message: Message, d: Dialect) -> str:
 
 
 def _tool_result(message: Message, d: Dialect) -> str:
-    """A string result is free text; any other JSON value is written as escaped JSON."""
+    """A string result is free text (None is empty); any other JSON value is written as escaped JSON."""
     content = message.get("content")
-    if content is None or isinstance(content, str):
-        return _text(message, d)
-    return escape_json_text(dump_json(content), d)
+    return result_body("" if content is None else content, d)
 
 
 def _reasoning_span(text: str, d: Dialect) -> str:
