@@ -192,7 +192,7 @@ def _every_slot(payload: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]
         {"role": "assistant", "content": payload, "reasoning_content": payload, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "c", "content": payload},
         {"role": "tool", "tool_call_id": "c", "content": {"result": payload}},
-        {"role": "assistant", "content": payload, "reasoning_content": payload},
+        {"role": "assistant", "content": payload},  # Qwen takes inline reasoning out of the text
     ]
     return messages, [tool]
 

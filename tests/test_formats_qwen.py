@@ -55,6 +55,13 @@ plain_texts = (
 )
 """Text dense in newlines and tag fragments, but with no whole control string (nothing to escape)."""
 
+inline_reasoning = st.builds(
+    lambda begin, parts: begin + "</think>".join(parts),
+    st.sampled_from(["", "<think>", "<think>\n"]),
+    st.lists(plain_texts, min_size=2, max_size=3),
+)
+"""Assistant text holding its reasoning inline, as the model wrote it (Qwen's template splits it)."""
+
 plain_names = st.text(alphabet="abz_-.é日", min_size=1, max_size=10)
 """Qwen writes a call's name unquoted between quotes: names a JSON string writes as they are."""
 
@@ -79,6 +86,8 @@ def qwen_conversations(draw: st.DrawFn) -> list[dict[str, Any]]:
         if role == "assistant":
             if draw(st.booleans()):
                 message["reasoning_content"] = draw(st.none() | plain_texts)
+            if message.get("reasoning_content") is None and draw(st.booleans()):
+                message["content"] = draw(inline_reasoning)
             if draw(st.booleans()):
                 message["tool_calls"] = draw(st.lists(_call(), max_size=3))
         messages.append(message)
@@ -150,6 +159,22 @@ def test_a_tool_loop_keeps_its_reasoning_after_the_last_query(tokenizer: Any) ->
     # Before a later user turn the reasoning is dropped again.
     again = build_hermes_prompt(None, [*LOOP, {"role": "user", "content": "Rome?"}], dialect="qwen")
     assert "look it up" not in again and "<think>" not in again
+
+
+def test_reasoning_written_inline_is_taken_out_of_the_text(tokenizer: Any) -> None:
+    """A reply sent back as the model wrote it: its reasoning is dropped or kept like any other."""
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "<think>\nhmm\n</think>\n\nHello."},
+        {"role": "user", "content": "bye"},
+        {"role": "assistant", "content": "<think>ok</think>Bye."},
+    ]
+    expected = (
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nHello.<|im_end|>\n"
+        "<|im_start|>user\nbye<|im_end|>\n<|im_start|>assistant\n<think>\nok\n</think>\n\nBye.<|im_end|>\n"
+    )
+    assert _qwen3(tokenizer, messages) == expected
+    assert build_hermes_prompt(None, messages, add_generation_prompt=False, dialect="qwen") == expected
 
 
 def test_enable_thinking_false_writes_an_empty_reasoning_span(tokenizer: Any) -> None:

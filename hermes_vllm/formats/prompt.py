@@ -47,6 +47,23 @@ def _reasoning_span(text: str, d: Dialect) -> str:
     return f"{span.begin}\n{lines}\n{span.end}\n\n"
 
 
+def _reasoning_and_text(message: Message, d: Dialect) -> tuple[str, str]:
+    """An assistant message's reasoning and text, unescaped, as Qwen 3 reads them.
+
+    ``reasoning_content`` if given; else, in a dialect that keeps reasoning, the reasoning span
+    the text holds inline (a reply sent back as the model wrote it) is taken out of the text,
+    so it is kept or dropped like any reasoning. Both parts are escaped afterwards.
+    """
+    text = content_text(message)
+    if message.get("reasoning_content") is not None or d.reasoning_history == "dropped":
+        return content_text(message, "reasoning_content"), text
+    span = d.reasoning[0]
+    if span.end not in text:
+        return "", text
+    thought, *_, answer = text.split(span.end)
+    return thought.rstrip("\n").split(span.begin)[-1].lstrip("\n"), answer.lstrip("\n")
+
+
 def _assistant_body(message: Message, d: Dialect, keeps_reasoning: bool, last: bool) -> str:
     """Text, then call blocks; where ``keeps_reasoning``, the reasoning span first (Qwen 3).
 
@@ -57,9 +74,9 @@ def _assistant_body(message: Message, d: Dialect, keeps_reasoning: bool, last: b
     for call in message.get("tool_calls") or ():
         function = call.get("function", call)
         blocks.append(call_block(function["name"], function["arguments"], d))
-    text = _text(message, d)
+    reasoning, raw = _reasoning_and_text(message, d)
+    text = escape_text(raw, d)
     body = join_body(text, blocks)
-    reasoning = content_text(message, "reasoning_content")
     if keeps_reasoning and (last or reasoning):
         return _reasoning_span(reasoning, d) + body[len(text) - len(text.lstrip("\n")) :]
     return body
