@@ -41,6 +41,7 @@ def _run_render(args: argparse.Namespace) -> int:
         spec.get("tools"),
         add_generation_prompt=not args.no_generation_prompt,
         dialect=args.dialect,
+        enable_thinking=not args.no_thinking,
     )
     sys.stdout.write(prompt)
     return 0
@@ -56,6 +57,11 @@ def _add_render(sub: SubParsers) -> None:
     p.add_argument("input", nargs="?", default="-", help="JSON file (default: stdin)")
     _dialect_option(p, "chatml-brackets")
     p.add_argument("--no-generation-prompt", action="store_true", help="do not open an assistant turn")
+    p.add_argument(
+        "--no-thinking",
+        action="store_true",
+        help="enable_thinking=False: an empty reasoning span opens the answer (dialects with a switch: qwen)",
+    )
     p.set_defaults(run=_run_render)
 
 

@@ -14,6 +14,8 @@ from typing import Literal
 
 KeyOrder = Literal["name_first", "arguments_first", "either"]
 ResponseRole = Literal["tool", "user"]
+ReasoningHistory = Literal["dropped", "after_last_query"]
+ResponsePayload = Literal["named", "bare"]
 
 DEFAULT_DIALECT = "hermes"
 
@@ -41,6 +43,17 @@ class Dialect:
     key_order: KeyOrder
     response_role: ResponseRole
     system_preamble: str
+    reasoning_history: ReasoningHistory = "dropped"
+    """``after_last_query``: assistant turns after the last user message carry their
+    ``reasoning_content`` in the first reasoning span, and a final assistant turn there always
+    carries one, empty if need be (Qwen 3's multi-step tool loops); ``dropped``: never."""
+    response_payload: ResponsePayload = "named"
+    """What the formatter puts in a response block: ``named``, Hermes 2 Pro's
+    ``{"name": ..., "content": ...}`` (the Hermes datasets); ``bare``, the result alone, as
+    Qwen's template and Qwen-Agent write it. Prompts always hold the tool message's content."""
+    thinking_switch: bool = False
+    """``enable_thinking=False`` puts an empty first reasoning span after the generation prompt
+    (Qwen 3), so the model answers without thinking."""
 
     @property
     def free_spans(self) -> tuple[TagPair, ...]:
@@ -87,12 +100,23 @@ def _parse(data: dict[str, object], source: str) -> Dialect:
     role = data.get("response_role")
     if role not in ("tool", "user"):
         raise ValueError(f"{source}: response_role must be 'tool' or 'user'")
+    history = data.get("reasoning_history", "dropped")
+    if history not in ("dropped", "after_last_query"):
+        raise ValueError(f"{source}: reasoning_history must be 'dropped' or 'after_last_query'")
+    payload = data.get("response_payload", "named")
+    if payload not in ("named", "bare"):
+        raise ValueError(f"{source}: response_payload must be 'named' or 'bare'")
+    switch = data.get("thinking_switch", False)
+    if not isinstance(switch, bool):
+        raise ValueError(f"{source}: thinking_switch must be true or false")
     spans = {}
     for field in ("reasoning", "hidden"):
         raw = data.get(field, [])
         if not isinstance(raw, list):
             raise ValueError(f"{source}: {field} must be a list of [begin, end] pairs")
         spans[field] = tuple(_pair(p, f"{source}: {field}[{i}]") for i, p in enumerate(raw))
+    if (history != "dropped" or switch) and not spans["reasoning"]:
+        raise ValueError(f"{source}: reasoning_history and thinking_switch need a reasoning span")
     return Dialect(
         name=str(data["name"]),
         description=str(data.get("description", "")),
@@ -105,6 +129,9 @@ def _parse(data: dict[str, object], source: str) -> Dialect:
         key_order=key_order,
         response_role=role,
         system_preamble=str(data["system_preamble"]),
+        reasoning_history=history,
+        response_payload=payload,
+        thinking_switch=switch,
     )
 
 

@@ -46,33 +46,43 @@ texts = st.lists(
 nonempty_texts = texts.filter(bool)
 names = st.text(alphabet="<|[]/>_abé\u2060", min_size=1, max_size=12)
 
-json_values: st.SearchStrategy[Any] = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | texts,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(texts, inner, max_size=3),
-    max_leaves=8,
-)
-arguments = st.dictionaries(texts, json_values, max_size=4)
 
-tools = st.lists(
-    st.builds(
-        lambda name, description, properties: {
-            "type": "function",
-            "function": {
-                "name": name,
-                "description": description,
-                "parameters": {"type": "object", "properties": properties},
+def json_values_of(text: st.SearchStrategy[str]) -> st.SearchStrategy[Any]:
+    """Any JSON value whose strings and keys are drawn from ``text``."""
+    return st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | text,
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(text, inner, max_size=3),
+        max_leaves=8,
+    )
+
+
+def tool_lists(name: st.SearchStrategy[str], text: st.SearchStrategy[str]) -> st.SearchStrategy[list[Any]]:
+    """One or two OpenAI tool definitions with names from ``name`` and other text from ``text``."""
+    return st.lists(
+        st.builds(
+            lambda name, description, properties: {
+                "type": "function",
+                "function": {
+                    "name": name,
+                    "description": description,
+                    "parameters": {"type": "object", "properties": properties},
+                },
             },
-        },
-        names,
-        texts,
-        st.dictionaries(texts, json_values, max_size=2),
-    ),
-    min_size=1,
-    max_size=2,
-)
+            name,
+            text,
+            st.dictionaries(text, json_values_of(text), max_size=2),
+        ),
+        min_size=1,
+        max_size=2,
+    )
 
 
-def _reads_as_json_non_string(text: str) -> bool:
+json_values = json_values_of(texts)
+arguments = st.dictionaries(texts, json_values, max_size=4)
+tools = tool_lists(names, texts)
+
+
+def reads_as_json_non_string(text: str) -> bool:
     try:
         return not isinstance(loads_json(text), str)
     except ValueError:
@@ -81,7 +91,7 @@ def _reads_as_json_non_string(text: str) -> bool:
 
 tool_results = st.one_of(
     json_values.filter(lambda v: not isinstance(v, str)).map(dump_json),
-    texts.filter(lambda s: not _reads_as_json_non_string(s)),
+    texts.filter(lambda s: not reads_as_json_non_string(s)),
 )
 """Canonical OpenAI tool-message content: a JSON non-string value as ``dump_json`` writes it, or
 any other text (JSON string literals included)."""

@@ -70,6 +70,15 @@ def test_render_a_message_list_from_stdin(
     assert capsys.readouterr().out == build_hermes_prompt(None, messages, add_generation_prompt=False)
 
 
+def test_render_without_thinking(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    messages = CHATS[0][0]
+    _stdin(monkeypatch, json.dumps(messages))
+    assert cli.main(["render", "--dialect", "qwen", "--no-thinking"]) == 0
+    out = capsys.readouterr().out
+    assert out == build_hermes_prompt(None, messages, dialect="qwen", enable_thinking=False)
+    assert out.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
 def test_render_as_a_module() -> None:
     messages, tools = CHATS[1]
     done = subprocess.run(

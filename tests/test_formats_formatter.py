@@ -6,10 +6,11 @@ import logging
 from typing import Any
 
 import pytest
-from formats_strategies import DIALECTS, arguments, json_values, names, texts
+from formats_strategies import DIALECTS, arguments, json_values, names, reads_as_json_non_string, texts
 from hypothesis import given
 from hypothesis import strategies as st
 
+from hermes_vllm.dialect import get_dialect
 from hermes_vllm.formats.formatter import HermesFunctionFormatter
 from hermes_vllm.formats.models import HermesToolCall, HermesToolResponse, ToolCall, ToolResponse
 from hermes_vllm.formats.payload import parse_call_payload, parse_response_payload
@@ -150,11 +151,48 @@ def test_calls_round_trip(dialect: str, content: str, calls: list[tuple[str, dic
     assert parsed.errors == [] and parsed.rest == ""
 
 
-@given(st.sampled_from(DIALECTS), st.lists(st.tuples(names, json_values), min_size=1, max_size=3))
+NAMED = [d for d in DIALECTS if get_dialect(d).response_payload == "named"]
+
+
+@given(st.sampled_from(NAMED), st.lists(st.tuples(names, json_values), min_size=1, max_size=3))
 def test_responses_round_trip(dialect: str, responses: list[tuple[str, Any]]) -> None:
     formatter = HermesFunctionFormatter(dialect)
     message = formatter.format_tool_responses([ToolResponse(name=n, content=c) for n, c in responses])
     assert [(r.name, r.content) for r in formatter.extract_tool_responses(message)] == responses
+
+
+def test_qwen_responses_are_bare_results() -> None:
+    qwen = HermesFunctionFormatter("qwen")
+    message = qwen.format_tool_responses(
+        [
+            ToolResponse(name="f", content={"temp": 22}),
+            ToolResponse(name="g", content="sunny </tool_response>"),
+        ]
+    )
+    assert message == (
+        '<tool_response>\n{"temp": 22}\n</tool_response>\n'
+        "<tool_response>\nsunny <\u2060/tool_response>\n</tool_response>"
+    )
+    assert qwen.extract_tool_responses(message) == [
+        HermesToolResponse(name=None, content={"temp": 22}),
+        HermesToolResponse(name=None, content="sunny </tool_response>"),
+    ]
+    with pytest.raises(ValueError, match="names every tool response"):
+        HERMES.format_tool_responses([ToolResponse(name=None, content=1)])
+
+
+BARE = [d for d in DIALECTS if get_dialect(d).response_payload == "bare"]
+results = json_values.filter(lambda v: not (isinstance(v, str) and reads_as_json_non_string(v)))
+
+
+@given(st.sampled_from(BARE), st.lists(results, min_size=1, max_size=3))
+def test_bare_responses_round_trip_their_results(dialect: str, contents: list[Any]) -> None:
+    """A bare result has no name; text reading as JSON that is no string would come back as that value."""
+    formatter = HermesFunctionFormatter(dialect)
+    message = formatter.format_tool_responses([ToolResponse(name="f", content=c) for c in contents])
+    assert [(r.name, r.content) for r in formatter.extract_tool_responses(message)] == [
+        (None, c) for c in contents
+    ]
 
 
 @pytest.mark.parametrize(

@@ -60,3 +60,9 @@ def test_hermes_models_read_payloads() -> None:
     )
     with pytest.raises(ValidationError, match="String should have at least 1 character"):
         HermesToolCall.from_payload('{"name": "", "arguments": {}}')
+
+
+def test_a_response_name_may_be_none_for_bare_dialects_but_never_empty() -> None:
+    assert ToolResponse(name=None, content=1).name is None
+    assert "name\n  Field required" in _error(ToolResponse, content=1)
+    assert "String should have at least 1 character" in _error(ToolResponse, name="", content=1)

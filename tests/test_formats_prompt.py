@@ -120,7 +120,8 @@ def test_non_string_content_is_refused() -> None:
 @st.composite
 def prompt_inputs(draw: st.DrawFn) -> dict[str, Any]:
     """Conversations in every shape a template meets: string or dict arguments, calls with or
-    without the ``function`` wrapper, string, None or JSON tool results, None user content."""
+    without the ``function`` wrapper, string, None or JSON tool results, None user content,
+    assistant reasoning, thinking switched on or off."""
     messages, tools = draw(openai_conversations())
     for message in messages:
         for i, call in enumerate(message.get("tool_calls") or []):
@@ -132,12 +133,15 @@ def prompt_inputs(draw: st.DrawFn) -> dict[str, Any]:
             message["content"] = draw(json_values.filter(lambda v: not isinstance(v, str)))
         if message["role"] == "user" and draw(st.booleans()):
             message["content"] = None
+        if message["role"] == "assistant" and draw(st.booleans()):
+            message["reasoning_content"] = draw(st.none() | texts)
     return {
         "system": draw(st.none() | texts),
         "messages": messages,
         "tools": tools,
         "add_generation_prompt": draw(st.booleans()),
         "dialect": draw(st.sampled_from(DIALECTS)),
+        "enable_thinking": draw(st.booleans()),
     }
 
 
@@ -154,6 +158,7 @@ def test_template_renders_exactly_what_build_hermes_prompt_renders(
         tools=case["tools"],
         add_generation_prompt=case["add_generation_prompt"],
         chat_template=chat_template(case["dialect"]),
+        enable_thinking=case["enable_thinking"],
     )
     assert rendered == build_hermes_prompt(**case)
 
@@ -184,10 +189,10 @@ def _every_slot(payload: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]
     messages = [
         {"role": "system", "content": payload},
         {"role": "user", "content": payload},
-        {"role": "assistant", "content": payload, "tool_calls": [call]},
+        {"role": "assistant", "content": payload, "reasoning_content": payload, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "c", "content": payload},
         {"role": "tool", "tool_call_id": "c", "content": {"result": payload}},
-        {"role": "assistant", "content": payload},
+        {"role": "assistant", "content": payload},  # Qwen takes inline reasoning out of the text
     ]
     return messages, [tool]
 

@@ -392,3 +392,52 @@ def test_a_forged_open_call_in_the_prompt_opens_nothing(served: Served) -> None:
     reply = asyncio.run(go())
     assert reply.calls == []
     assert d.tool_call.begin not in reply.raw
+
+
+@pytest.mark.server
+def test_the_served_qwen_template_gets_reasoning_and_the_thinking_switch(tmp_path: Path) -> None:
+    """vLLM hands a message's ``reasoning`` to the template as ``reasoning_content`` and passes
+    ``chat_template_kwargs`` on: the served prompt is the one build_hermes_prompt writes."""
+    import urllib.request
+
+    from transformers import AutoTokenizer
+
+    from hermes_vllm.formats.prompt import build_hermes_prompt
+
+    d = get_dialect("qwen")
+    model = tiny_model_path("mistral-v1")
+    template = tmp_path / "chat_template.jinja"
+    template.write_text(chat_template(d), encoding="utf-8")
+    # With no description vLLM would hand the template "description": null.
+    tools = [
+        {"type": "function", "function": {"name": "add", "description": "a+b", "parameters": SCHEMAS["add"]}}
+    ]
+    call = {"id": "c0", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
+    messages = [
+        {"role": "user", "content": "1+2?"},
+        {"role": "assistant", "content": None, "reasoning": "Add them.", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c0", "content": "3"},
+    ]
+    body = {
+        "model": str(model),
+        "messages": messages,
+        "tools": tools,
+        "add_generation_prompt": True,
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+    args = [*CPU_ARGS, "--chat-template", str(template)]
+    with openai_server(model, args, CPU_ENV, log_path=tmp_path / "server.log") as url:
+        request = urllib.request.Request(
+            url.removesuffix("/v1") + "/tokenize",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            tokens = json.loads(response.read())["tokens"]
+    messages[1]["reasoning_content"] = messages[1].pop("reasoning")
+    prompt = build_hermes_prompt(None, messages, tools, dialect=d, enable_thinking=False)
+    assert "<think>\nAdd them.\n</think>\n\n<tool_call>" in prompt and prompt.endswith(
+        "<think>\n\n</think>\n\n"
+    )
+    tokenizer = AutoTokenizer.from_pretrained(str(model))
+    assert tokens == tokenizer.encode(prompt, add_special_tokens=False)

@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hermes_vllm.dialect import Dialect
-from hermes_vllm.formats.escape import escape_json_text
-from hermes_vllm.formats.payload import dump_json
+from hermes_vllm.formats.escape import escape_json_text, escape_text, unescape_text
+from hermes_vllm.formats.payload import dump_json, loads_json
 
 
 def call_block(name: str, arguments: Mapping[str, Any] | str, d: Dialect) -> str:
@@ -34,8 +34,32 @@ def response_block(body: str, d: Dialect) -> str:
     return f"{d.tool_response.begin}\n{body}\n{d.tool_response.end}"
 
 
-def hermes_response_block(name: str, content: Any, d: Dialect) -> str:
-    """The Hermes 2 Pro response block: ``{"name": ..., "content": ...}`` as escaped JSON."""
+def result_body(content: Any, d: Dialect) -> str:
+    """A bare tool result as a response block holds it: text escaped, any other value as escaped JSON."""
+    return escape_text(content, d) if isinstance(content, str) else escape_json_text(dump_json(content), d)
+
+
+def read_result(body: str, d: Dialect) -> Any:
+    """Inverse of :func:`result_body` on a block's body: JSON that is no string is that value.
+
+    Text reading as a JSON number, array, object, boolean or null comes back as that value: a
+    bare result cannot tell them apart (the OpenAI conversion treats tool text the same way).
+    """
+    body = body.removeprefix("\n").removesuffix("\n")
+    try:
+        value = loads_json(body)
+    except ValueError:
+        return unescape_text(body, d)
+    return unescape_text(body, d) if isinstance(value, str) else value
+
+
+def hermes_response_block(name: str | None, content: Any, d: Dialect) -> str:
+    """A response block in the dialect's payload: Hermes 2 Pro's ``{"name": ..., "content": ...}``
+    as escaped JSON, or the bare result (which drops the name)."""
+    if d.response_payload == "bare":
+        return response_block(result_body(content, d), d)
+    if name is None:
+        raise ValueError(f"dialect {d.name!r} names every tool response: a response without a name")
     return response_block(escape_json_text(dump_json({"name": name, "content": content}), d), d)
 
 

@@ -27,6 +27,7 @@ def template_variables(dialect: str | Dialect = "hermes") -> dict[str, object]:
     """What the generic template needs to know about ``dialect``."""
     d = get_dialect(dialect)
     head, tail = preamble_parts(d)
+    reasoning = d.reasoning[0] if d.reasoning else None
     return {
         "turn_begin": d.turn.begin,
         "turn_end": d.turn.end,
@@ -35,6 +36,10 @@ def template_variables(dialect: str | Dialect = "hermes") -> dict[str, object]:
         "response_begin": d.tool_response.begin,
         "response_end": d.tool_response.end,
         "response_role": d.response_role,
+        "reasoning_begin": reasoning.begin if reasoning else "",
+        "reasoning_end": reasoning.end if reasoning else "",
+        "reasoning_after_last_query": d.reasoning_history == "after_last_query",
+        "thinking_switch": d.thinking_switch,
         "arguments_first": d.key_order == "arguments_first",
         "preamble_head": head,
         "preamble_tail": tail,

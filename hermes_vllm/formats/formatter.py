@@ -16,7 +16,7 @@ from functools import cache
 from typing import Any, Generic, TypeVar
 
 from hermes_vllm.dialect import Dialect, get_dialect
-from hermes_vllm.formats.blocks import call_block, hermes_response_block, join_body
+from hermes_vllm.formats.blocks import call_block, hermes_response_block, join_body, read_result
 from hermes_vllm.formats.escape import escape_text, unescape_text
 from hermes_vllm.formats.models import HermesToolCall, HermesToolResponse, ToolCall, ToolResponse
 from hermes_vllm.spans import split_spans
@@ -65,8 +65,8 @@ class HermesFunctionFormatter:
         blocks = [hermes_response_block(r.name, r.content, self.dialect) for r in responses]
         return join_body("", blocks)
 
-    def format_tool_response(self, func_name: str, result: Any) -> str:
-        """The response block ``{"name": func_name, "content": result}``."""
+    def format_tool_response(self, func_name: str | None, result: Any) -> str:
+        """The response block ``{"name": func_name, "content": result}``, or ``result`` bare."""
         return self.format_tool_responses([ToolResponse(name=func_name, content=result)])
 
     def _parse(self, message: str, spans_dialect: Dialect, read: Callable[[str], T]) -> ParsedMessage[T]:
@@ -96,8 +96,13 @@ class HermesFunctionFormatter:
         return self._parse(message, self.dialect, HermesToolCall.from_payload)
 
     def parse_tool_responses(self, message: str) -> ParsedMessage[HermesToolResponse]:
-        """The response blocks of a tool message."""
-        return self._parse(message, _response_spans_dialect(self.dialect), HermesToolResponse.from_payload)
+        """The response blocks of a tool message; bare ones have no name."""
+        return self._parse(message, _response_spans_dialect(self.dialect), self._read_response)
+
+    def _read_response(self, body: str) -> HermesToolResponse:
+        if self.dialect.response_payload == "bare":
+            return HermesToolResponse(name=None, content=read_result(body, self.dialect))
+        return HermesToolResponse.from_payload(body)
 
     def extract_tool_calls(self, message: str) -> list[HermesToolCall]:
         """The readable calls of ``message``; the text before them is ``parse_tool_calls(m).content``."""

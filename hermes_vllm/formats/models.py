@@ -35,11 +35,16 @@ class ToolCall(BaseModel):
 
 
 class ToolResponse(BaseModel):
-    """The result of a call: the function ``name`` and any JSON value as ``content``."""
+    """The result of a call: the function ``name`` and any JSON value as ``content``.
+
+    ``name`` is None for a response read from a dialect whose responses are bare (Qwen's).
+    """
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = _Name
+    name: str | None = Field(
+        min_length=1, max_length=256, description="Function name, 1 to 256 characters, or None."
+    )
     content: Any
 
     _check_content = field_validator("content")(_json_value)
@@ -56,7 +61,7 @@ class HermesToolCall(ToolCall):
 
 
 class HermesToolResponse(ToolResponse):
-    """A response read from the Hermes form ``{"name": ..., "content": ...}``."""
+    """A response read from a response block: ``{"name": ..., "content": ...}`` or a bare result."""
 
     @classmethod
     def from_payload(cls, text: str) -> HermesToolResponse:

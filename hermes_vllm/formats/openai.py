@@ -1,9 +1,9 @@
 """Convert between OpenAI chat messages and Hermes ChatML messages.
 
 A Hermes message is one ChatML turn as text, ``{"role", "content"}``: free text is escaped, an
-assistant turn holds call blocks, a ``tool`` turn holds one Hermes response block
-(``{"name": ..., "content": ...}``) per OpenAI tool message, and with tools the first system
-turn ends with the dialect's tools preamble.
+assistant turn holds call blocks, a ``tool`` turn holds one response block per OpenAI tool
+message (Hermes 2 Pro's ``{"name": ..., "content": ...}``, or the bare result where the dialect
+says so), and with tools the first system turn ends with the dialect's tools preamble.
 
 ChatML has no call ids. On the way to OpenAI they are synthesised deterministically
 (:func:`tool_call_id`) and the n-th response after an assistant turn answers its n-th call. On

@@ -35,12 +35,15 @@ def tools_json(tools: Sequence[Mapping[str, Any]], d: Dialect) -> str:
 
 
 def system_body(text: str | None, tools: Sequence[Mapping[str, Any]], d: Dialect) -> str:
-    """The system turn's body when ``tools`` are offered; empty ``text`` is the same as none."""
-    prefix = escape_text(text, d) + SEPARATOR if text else ""
+    """The system turn's body when ``tools`` are offered; ``text`` is None without a system message.
+
+    An empty system message still puts its separator before the preamble, as Qwen 3 writes it.
+    """
+    prefix = escape_text(text, d) + SEPARATOR if text is not None else ""
     return prefix + d.render_system_preamble(tools_json(tools, d))
 
 
-def _split(body: str, d: Dialect) -> tuple[str, list[Any]] | None:
+def _split(body: str, d: Dialect) -> tuple[str | None, list[Any]] | None:
     head, tail = preamble_parts(d)
     at = body.find(head)
     end = len(body) - len(tail)
@@ -51,7 +54,8 @@ def _split(body: str, d: Dialect) -> tuple[str, list[Any]] | None:
     if (before and not before.endswith(SEPARATOR)) or len(lines) < 3 or lines[0] or lines[-1]:
         return None
     try:
-        return before.removesuffix(SEPARATOR), [loads_json(line) for line in lines[1:-1]]
+        text = before.removesuffix(SEPARATOR) if before else None
+        return text, [loads_json(line) for line in lines[1:-1]]
     except ValueError:
         return None
 
@@ -62,4 +66,4 @@ def split_system_body(body: str, d: Dialect) -> tuple[str | None, list[Any] | No
     if split is None:
         return unescape_text(body, d), None
     text, tools = split
-    return (unescape_text(text, d) if text else None), tools
+    return (unescape_text(text, d) if text is not None else None), tools
