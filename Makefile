@@ -1,4 +1,4 @@
-# Two commands on a fresh machine: `make demo` (serve the plugin, show a schema-valid tool call)
+# Two commands on a fresh machine: `make demo` (vLLM's hermes parser and ours on the same requests)
 # and `make test`. Both create the virtual environment first.
 PYTHON ?= python3
 VENV ?= .venv
