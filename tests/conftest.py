@@ -50,3 +50,21 @@ def vllm_tokenizer(request: pytest.FixtureRequest) -> Any:
     from vllm.tokenizers import get_tokenizer
 
     return get_tokenizer(str(tiny_model_path(request.param)))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_qwen3() -> Path:
+    """Tiny random Llama with Qwen 3's tokenizer and chat template, 151,936-wide logits."""
+    return tiny_model_path("qwen3")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_qwen25() -> Path:
+    """Tiny random Llama with Qwen 2.5's tokenizer (our ``qwen`` template), 151,936-wide logits."""
+    return tiny_model_path("qwen2.5")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_llama31() -> Path:
+    """Tiny random Llama with Llama 3.1's tokenizer, Hermes 3's tags on special slots (unverified)."""
+    return tiny_model_path("llama3.1")

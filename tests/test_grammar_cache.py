@@ -80,3 +80,27 @@ def test_compiler_shares_the_cache_and_times_out_readably(tokenizer: Any) -> Non
     assert first.grammar is second.grammar, "an identical tool set must come from the cache"
     other = patient.compile([tool("t")], tool_choice="required")
     assert other.grammar is not first.grammar, "tool_choice is part of the key"
+
+
+def test_tokenizers_differing_only_in_special_tags_share_no_grammar(tiny_model: Any) -> None:
+    """Hermes 2 Pro has its call tags as plain added tokens, Hermes 3 as special ones: the same
+    strings and ids, detokenized differently, so the fingerprint must tell them apart."""
+    from tokenizers import AddedToken
+    from transformers import AutoTokenizer
+
+    from hermes_vllm.dialect import get_dialect
+
+    plain = AutoTokenizer.from_pretrained(str(tiny_model))
+    special = AutoTokenizer.from_pretrained(str(tiny_model))
+    tags = get_dialect("hermes").added_tokens
+    special.add_special_tokens(
+        {"additional_special_tokens": [AddedToken(t, special=True, normalized=False) for t in tags]},
+        replace_extra_special_tokens=False,
+    )
+    assert special.get_vocab() == plain.get_vocab()
+    assert set(tags) <= set(special.all_special_tokens) and not set(tags) & set(plain.all_special_tokens)
+    cache: GrammarCache[Any] = GrammarCache(64 << 20, threads=1, size_of=lambda g: g.memory_bytes)
+    for tok in (plain, special):
+        compiler = ToolGrammarCompiler(tok, cache=cache)
+        compiler.compile([tool("t")])
+    assert cache.misses == 2 and cache.hits == 0

