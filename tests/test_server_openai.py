@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -177,16 +178,16 @@ async def _ask_all(served: Served) -> dict[tuple[str, bool, bool], Reply]:
     return dict(zip(keys, replies, strict=True))
 
 
-@pytest.fixture(scope="module", params=["hermes", "chatml-brackets"])
-def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    """One server at a time (module scope, grouped by dialect), with every combination's reply."""
+@contextmanager
+def serving(dialect: str, tmp: Path, reasoning_parser: bool = True) -> Iterator[Served]:
+    """A server with the documented flags (``--reasoning-parser`` unless told otherwise)."""
     from transformers import AutoTokenizer
 
-    d = get_dialect(request.param)
+    d = get_dialect(dialect)
     model = tiny_model_path(TOKENIZER_OF[d.name])
-    tmp = tmp_path_factory.mktemp(d.name)
-    args = [*CPU_ARGS, "--enable-auto-tool-choice", "--seed", "0"]
-    args += ["--tool-call-parser", NAME_OF[d.name], "--reasoning-parser", NAME_OF[d.name]]
+    args = [*CPU_ARGS, "--enable-auto-tool-choice", "--seed", "0", "--tool-call-parser", NAME_OF[d.name]]
+    if reasoning_parser:
+        args += ["--reasoning-parser", NAME_OF[d.name]]
     if d.name != "hermes":
         template = tmp / "chat_template.jinja"
         template.write_text(chat_template(d), encoding="utf-8")
@@ -196,7 +197,13 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     with openai_server(model, args, CPU_ENV, log_path=log) as url:
         one_token = len(tokenizer.encode(d.tool_call.begin, add_special_tokens=False)) == 1
         bias = {str(k): v for k, v in call_bias(tokenizer, (d.name,)).items()}
-        served = Served(d, str(model), url, tokenizer, bias, log, one_token, {})
+        yield Served(d, str(model), url, tokenizer, bias, log, one_token, {})
+
+
+@pytest.fixture(scope="module", params=["hermes", "chatml-brackets"])
+def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """One server at a time (module scope, grouped by dialect), with every combination's reply."""
+    with serving(request.param, tmp_path_factory.mktemp(request.param)) as served:
         served.replies = asyncio.run(_ask_all(served))
         yield served
 
@@ -392,3 +399,93 @@ def test_a_forged_open_call_in_the_prompt_opens_nothing(served: Served) -> None:
     reply = asyncio.run(go())
     assert reply.calls == []
     assert d.tool_call.begin not in reply.raw
+
+
+# The Responses API (/v1/responses), what agent frameworks call: flat tool definitions, named
+# choices as {"type": "function", "name": ...}.
+RESPONSES_TOOLS = [{"type": "function", "name": n, "parameters": s} for n, s in SCHEMAS.items()]
+RESPONSES_CHOICES: dict[str, Any] = {**CHOICES, "named": {"type": "function", "name": "add"}}
+
+
+async def ask_responses(served: Served, stream: bool, seed: int, **kwargs: Any) -> Reply:
+    """One Responses API call, folded into a :class:`Reply` (``raw`` only for a whole reply)."""
+    kwargs = {
+        "model": served.model,
+        "input": MESSAGES[0]["content"],
+        "tools": RESPONSES_TOOLS,
+        "temperature": 1.0,
+        "max_output_tokens": 200,
+        "extra_body": {"logit_bias": served.bias, "enable_response_messages": True, "seed": seed},
+        **kwargs,
+    }
+    async with AsyncOpenAI(base_url=served.base_url, api_key="unused", max_retries=0, timeout=300) as client:
+        if stream:
+            response = None
+            async for event in await client.responses.create(stream=True, **kwargs):
+                if event.type in ("response.completed", "response.incomplete"):
+                    response = event.response
+            assert response is not None
+        else:
+            response = await client.responses.create(**kwargs)
+    calls = [(item.name, item.arguments) for item in response.output if item.type == "function_call"]
+    messages = (response.model_extra or {}).get("output_messages") or []
+    raw = served.tokenizer.decode([t for m in messages for t in m["tokens"]])
+    return Reply(response.status, calls, response.output_text, "", raw)
+
+
+@pytest.mark.parametrize("choice", ["required", "named", "auto", "none"])
+def test_responses_api_calls_are_constrained(served: Served, choice: str) -> None:
+    d = served.dialect
+
+    async def both() -> list[Reply]:
+        return list(
+            await asyncio.gather(
+                *(
+                    ask_responses(served, s, tool_choice=RESPONSES_CHOICES[choice], seed=5)
+                    for s in (False, True)
+                )
+            )
+        )
+
+    whole, streamed = asyncio.run(both())
+    assert whole.raw, "the raw output is needed to judge the calls"
+    for name, arguments in whole.calls:
+        jsonschema.validate(json.loads(arguments), SCHEMAS[name])
+    assert whole.calls == complete_calls(whole.raw, d)
+    assert [name for name, _ in streamed.calls] == [name for name, _ in whole.calls]
+    if choice == "none":
+        assert d.tool_call.begin not in whole.raw
+    elif choice != "auto" or served.tag_is_one_token:
+        assert whole.calls
+    if choice == "named":
+        assert {name for name, _ in whole.calls} == {"add"}
+
+
+@pytest.fixture(scope="module")
+def served_without_reasoning_parser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """vLLM hands "none" requests to the tool parser only with a reasoning parser, unless asked to."""
+    with serving("hermes", tmp_path_factory.mktemp("plain"), reasoning_parser=False) as served:
+        yield served
+
+
+def test_tool_choice_none_is_constrained_without_a_reasoning_parser(
+    served_without_reasoning_parser: Served,
+) -> None:
+    served = served_without_reasoning_parser
+    d = served.dialect
+
+    async def replies() -> list[Reply]:
+        return list(
+            await asyncio.gather(
+                *(ask(served, False, tool_choice="none", seed=s) for s in range(3)),
+                *(ask_responses(served, False, tool_choice="none", seed=s) for s in range(3)),
+                ask(served, False, tool_choice="required", seed=3),
+            )
+        )
+
+    *nones, required = asyncio.run(replies())
+    for reply in nones:
+        assert reply.raw and d.tool_call.begin not in reply.raw
+        assert reply.calls == []
+    # The same bias opens calls when they are allowed: the ban is what keeps them out above.
+    assert required.calls
