@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -489,3 +490,58 @@ def test_tool_choice_none_is_constrained_without_a_reasoning_parser(
         assert reply.calls == []
     # The same bias opens calls when they are allowed: the ban is what keeps them out above.
     assert required.calls
+
+
+@pytest.fixture(scope="module")
+def served_across_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """A frontend with no engine of its own (``--data-parallel-size-local 0``) and a ``--headless``
+    engine, each with its own temp dir and handshake directory, as on two hosts (on loopback)."""
+    from transformers import AutoTokenizer
+
+    from hermes_vllm.processor.handshake import ENV
+    from hermes_vllm.testing.headless import headless_engine
+    from hermes_vllm.testing.server import free_port
+
+    d = get_dialect("hermes")
+    model = tiny_model_path(TOKENIZER_OF[d.name])
+    tmp = tmp_path_factory.mktemp("hosts")
+    hosts = {}
+    for host in ("frontend", "engine"):
+        (tmp / host / "handshake").mkdir(parents=True)
+        env = {k: v for k, v in os.environ.items() if k != ENV}
+        # CPU_ENV but with engine processes: a frontend without local engines needs them.
+        env |= {**CPU_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "1", "TMPDIR": str(tmp / host)}
+        hosts[host] = {**env, ENV: str(tmp / host / "handshake")}
+    dp = ["--data-parallel-size", "1", "--data-parallel-address", "127.0.0.1"]
+    dp += ["--data-parallel-rpc-port", str(free_port())]
+    engine_args = [*CPU_ARGS, *dp, "--data-parallel-size-local", "1"]
+    front_args = [*CPU_ARGS, *dp, "--data-parallel-size-local", "0", "--enable-auto-tool-choice"]
+    front_args += ["--tool-call-parser", NAME_OF[d.name]]
+    tokenizer = AutoTokenizer.from_pretrained(str(model))
+    log = tmp / "frontend.log"
+    with (
+        headless_engine(model, engine_args, hosts["engine"], tmp / "engine.log"),
+        openai_server(model, front_args, hosts["frontend"], log_path=log) as url,
+    ):
+        bias = {str(k): v for k, v in call_bias(tokenizer, (d.name,)).items()}
+        yield Served(d, str(model), url, tokenizer, bias, log, True, {})
+
+
+def test_a_frontend_without_local_engines_serves_constrained_requests(served_across_hosts: Served) -> None:
+    """The engine's activation reaches the frontend through vLLM's collective_rpc, not a local note."""
+    served = served_across_hosts
+    frontend_dir = served.log.parent / "frontend" / "handshake"
+    assert not list(frontend_dir.glob("v*.json")), "the frontend host must have no engine note of its own"
+
+    async def replies() -> list[Reply]:
+        return list(
+            await asyncio.gather(*(ask(served, False, tool_choice="required", seed=s) for s in range(3)))
+        )
+
+    for reply in asyncio.run(replies()):
+        assert reply.calls == complete_calls(reply.raw, served.dialect) and reply.calls
+        for name, arguments in reply.calls:
+            jsonschema.validate(json.loads(arguments), SCHEMAS[name])
+    assert [p.name for p in frontend_dir.glob("*.json")] == [
+        p.name for p in frontend_dir.glob("remote-*.json")
+    ]

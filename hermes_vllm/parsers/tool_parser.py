@@ -31,6 +31,7 @@ from hermes_vllm.parsers import finish_reason
 from hermes_vllm.parsers.responses_api import responses_tool_choice, responses_tools
 from hermes_vllm.parsers.shared import delta_message, keep_special_tags
 from hermes_vllm.parsers.span_stream import Released, SpanStream
+from hermes_vllm.processor import remote
 
 if TYPE_CHECKING:
     from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
@@ -55,6 +56,7 @@ class DialectToolParser(ToolParser):  # type: ignore[misc]
         super().__init__(tokenizer, tools)
         # Runs in the API server only, before vLLM looks the non-streaming method up (idempotent).
         finish_reason.install()
+        remote.install()  # engines on other hosts confirm activation through vLLM's RPC
         self.dialect = get_dialect(self.dialect_name)
         self._stream: SpanStream | None = None
         self._calls_sent = 0

@@ -7,7 +7,7 @@ import os
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from hermes_vllm.processor import handshake
+from hermes_vllm.processor import handshake, remote
 from hermes_vllm.processor.core import ConstraintCore
 
 if TYPE_CHECKING:
@@ -45,6 +45,7 @@ def core_for_config(
             "speculative decoding is enabled, and hermes-vllm cannot constrain draft tokens; "
             "serve tool calls without --speculative-config"
         )
+    remote.expose()
     if reason is not None:
         handshake.announce(runner, reason)
         logger.warning("hermes-vllm: %s", reason)
