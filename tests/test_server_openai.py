@@ -492,8 +492,8 @@ def test_tool_choice_none_is_constrained_without_a_reasoning_parser(
     assert required.calls
 
 
-@pytest.fixture(scope="module")
-def served_across_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+@contextmanager
+def two_hosts(tmp: Path, engine_flags: list[str]) -> Iterator[Served]:
     """A frontend with no engine of its own (``--data-parallel-size-local 0``) and a ``--headless``
     engine, each with its own temp dir and handshake directory, as on two hosts (on loopback)."""
     from transformers import AutoTokenizer
@@ -504,7 +504,6 @@ def served_across_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Se
 
     d = get_dialect("hermes")
     model = tiny_model_path(TOKENIZER_OF[d.name])
-    tmp = tmp_path_factory.mktemp("hosts")
     hosts = {}
     for host in ("frontend", "engine"):
         (tmp / host / "handshake").mkdir(parents=True)
@@ -514,7 +513,7 @@ def served_across_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Se
         hosts[host] = {**env, ENV: str(tmp / host / "handshake")}
     dp = ["--data-parallel-size", "1", "--data-parallel-address", "127.0.0.1"]
     dp += ["--data-parallel-rpc-port", str(free_port())]
-    engine_args = [*CPU_ARGS, *dp, "--data-parallel-size-local", "1"]
+    engine_args = [*CPU_ARGS, *dp, "--data-parallel-size-local", "1", *engine_flags]
     front_args = [*CPU_ARGS, *dp, "--data-parallel-size-local", "0", "--enable-auto-tool-choice"]
     front_args += ["--tool-call-parser", NAME_OF[d.name]]
     tokenizer = AutoTokenizer.from_pretrained(str(model))
@@ -525,6 +524,12 @@ def served_across_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Se
     ):
         bias = {str(k): v for k, v in call_bias(tokenizer, (d.name,)).items()}
         yield Served(d, str(model), url, tokenizer, bias, log, True, {})
+
+
+@pytest.fixture(scope="module")
+def served_across_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    with two_hosts(tmp_path_factory.mktemp("hosts"), []) as served:
+        yield served
 
 
 def test_a_frontend_without_local_engines_serves_constrained_requests(served_across_hosts: Served) -> None:
@@ -545,3 +550,33 @@ def test_a_frontend_without_local_engines_serves_constrained_requests(served_acr
     assert [p.name for p in frontend_dir.glob("*.json")] == [
         p.name for p in frontend_dir.glob("remote-*.json")
     ]
+
+
+SPECULATIVE = (
+    '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3, "prompt_lookup_min": 2}'
+)
+
+
+def test_a_remote_engine_without_our_processor_gets_no_constrained_request(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The V1 runner with speculative decoding skips entry-point processors: nothing confirms."""
+    with two_hosts(tmp_path_factory.mktemp("refusing"), ["--speculative-config", SPECULATIVE]) as served:
+
+        async def requests() -> tuple[list[openai.BadRequestError], Reply]:
+            refused = []
+            for door in (
+                ask(served, False, tool_choice="required", max_tokens=8),
+                ask(served, False, tool_choice="none", max_tokens=8),
+                ask_responses(served, False, seed=0, tool_choice="required", max_output_tokens=8),
+            ):
+                with pytest.raises(openai.BadRequestError) as error:
+                    await door
+                refused.append(error.value)
+            return refused, await ask(served, False, tools=openai.NOT_GIVEN, max_tokens=8, logit_bias=None)
+
+        refused, plain = asyncio.run(requests())
+    for error in refused:
+        assert error.status_code == 400
+        assert "the engine did not confirm a hermes-vllm logits processor" in str(error.message)
+    assert plain.raw, "requests without constraints are still served"
