@@ -29,7 +29,7 @@ METHOD = "hermes_vllm_handshake_status"
 _PATCHED = "__hermes_vllm_remote__"
 _TIMEOUT_S = 60.0
 _SKIPPED = "hermes-vllm: %s; engines on other hosts are not asked, their requests are refused"
-_confirmed: list[bool] = [False]
+_confirmed = False
 """Whether some processor of ours was confirmed active (then nothing is asked again)."""
 
 
@@ -62,12 +62,13 @@ async def ask_engines(engine: Any) -> tuple[bool, str]:
 def _wrap(generate: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
     @functools.wraps(generate)
     async def wrapped(self: Any, prompt: Any, sampling_params: Any, *args: Any, **kwargs: Any) -> Any:
-        if not _confirmed[0] and has_constraint(getattr(sampling_params, "extra_args", None)):
+        global _confirmed
+        if not _confirmed and has_constraint(getattr(sampling_params, "extra_args", None)):
             active = handshake.status()[0]
             if not active:
                 active, detail = await ask_engines(self)
                 handshake.announce("remote", None if active else detail)
-            _confirmed[0] = active
+            _confirmed = active
         async for output in generate(self, prompt, sampling_params, *args, **kwargs):
             yield output
 
