@@ -8,7 +8,7 @@ MODEL ?=
 EXTRAS ?= $(if $(shell command -v nvidia-smi 2>/dev/null),gpu,cpu),dev
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test lint bench clean corpus
+.PHONY: venv demo test compat lint bench clean corpus
 
 venv: $(VENV)/.installed
 
@@ -29,6 +29,13 @@ corpus: venv
 
 test: venv
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The engine-free tests against vLLM 0.33's Python layer (the pinned wheel less its compiled parts,
+# unzipped once into the artifact cache and put first on PYTHONPATH; hermes_vllm/testing/overlay.py).
+compat: venv
+	overlay=$$($(PY) -c 'from hermes_vllm.testing.overlay import vllm_overlay; print(vllm_overlay())') && \
+	PYTHONPATH="$$overlay$${PYTHONPATH:+:$$PYTHONPATH}" VLLM_TARGET_DEVICE=cpu \
+	$(PY) -m pytest -q -m 'not server and not engine' $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check hermes_vllm tests benchmarks

@@ -10,10 +10,10 @@ import pytest
 from hermes_vllm.testing.artifacts import ARTIFACT_CACHE_ENV, ArtifactError, fetch
 from hermes_vllm.testing.corpus import (
     BFCL_FILES,
-    CORPUS_ENV,
-    CorpusMissing,
     BFCL_WHEEL,
+    CORPUS_ENV,
     SUITE_DRAFT,
+    CorpusMissing,
     corpus_dir,
     load_bfcl,
     registry_corpus,
@@ -39,7 +39,9 @@ def test_the_registry_corpus_holds_the_shared_copys_files() -> None:
         for rel in (Path("bfcl") / name, Path("bfcl") / "possible_answer" / name):
             assert (root / rel).read_bytes() == (SHARED / rel).read_bytes(), rel
     suite = Path("json-schema-test-suite") / "tests" / SUITE_DRAFT
-    assert {p.name for p in (root / suite).glob("*.json")} == {p.name for p in (SHARED / suite).glob("*.json")}
+    assert {p.name for p in (root / suite).glob("*.json")} == {
+        p.name for p in (SHARED / suite).glob("*.json")
+    }
 
 
 def test_the_corpus_is_the_registry_one_unless_the_environment_names_one(

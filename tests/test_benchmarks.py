@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -56,6 +58,7 @@ def test_memory_compile_mode_runs(tmp_path: Path) -> None:
     assert "growth_within_limits" in report and (tmp_path / "memory-compile.png").stat().st_size > 0
 
 
+@pytest.mark.engine  # --mode tools serves the batches from an offline engine
 def test_memory_runs(tmp_path: Path) -> None:
     run("memory.py", "--mode", "tools", "--long", "--phases", "2", "--per-phase", "4", out=tmp_path)
     report = json.loads((tmp_path / "memory-tools-long.json").read_text())

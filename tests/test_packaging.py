@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
-
-import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 

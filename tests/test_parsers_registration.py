@@ -102,10 +102,12 @@ def test_a_plain_tools_request_is_constrained_through_vllm_xargs(
     assert json.loads(request.vllm_xargs[ARGS_KEY]) == json.loads(expected)
     # vLLM's own tool constraint stays off: our processor enforces the dialect's format.
     assert request.structured_outputs is None
-    # The tags are plain added tokens in both tokenizers, so special tokens may still be skipped.
-    assert request.skip_special_tokens
+    # The tags are plain added tokens in both tokenizers, so special tokens may still be skipped
+    # (vLLM 0.33 leaves the request's field None and resolves it when building the sampling params).
+    params = request.to_sampling_params(64, {})
+    assert params.skip_special_tokens is True
     # What the processor's frontend check (validate_params -> HTTP 400) accepts.
-    constraint = validate_request(request.to_sampling_params(64, {}).extra_args, "xgrammar")
+    constraint = validate_request(params.extra_args, "xgrammar")
     assert constraint is not None and constraint.dialect == PARSERS[name]
 
 
@@ -126,8 +128,8 @@ def test_special_token_tags_are_kept_in_the_text(tiny_model: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
     tags = sorted(parsed_tags(get_dialect("hermes")))
     tokenizer.add_special_tokens({"additional_special_tokens": tags})
-    assert adjusted("hermes_vllm", tokenizer, tools=[WEATHER]).skip_special_tokens is False
-    assert adjusted("hermes_vllm", tokenizer).skip_special_tokens is False
+    for request in (adjusted("hermes_vllm", tokenizer, tools=[WEATHER]), adjusted("hermes_vllm", tokenizer)):
+        assert request.to_sampling_params(64, {}).skip_special_tokens is False
 
 
 def test_a_malformed_schema_is_refused_naming_the_tool_and_the_path(vllm_tokenizer: Any) -> None:

@@ -97,6 +97,7 @@ except Exception as err:
 """
 
 
+@pytest.mark.engine
 def test_a_runner_without_our_processor_refuses_constrained_requests(tiny_model: Path) -> None:
     """V1 with speculative decoding skips entry-point processors: constrained requests must fail."""
     result = run_fresh(SPECULATIVE.format(model=str(tiny_model), tools=[TOOL]))

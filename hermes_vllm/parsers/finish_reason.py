@@ -8,6 +8,11 @@ so :func:`install` wraps the method: it notes the engine's finish reason of each
 outputs stream by and puts ``"length"`` back on the choices that vLLM relabelled. Only requests
 our tool parser constrained are touched (their ``vllm_xargs`` carry our key); if a vLLM version
 lacks the method, nothing is patched and a warning says so.
+
+vLLM 0.33 keeps a cut reply's ``"length"`` itself: the method maps each choice's reason through
+``resolve_finish_reason``. The wrapper is installed only where vLLM still relabels, found by
+asking the function the method calls about a cut reply with calls (the behaviour, not the
+version number).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ logger = logging.getLogger(__name__)
 
 _MODULE = "vllm.entrypoints.openai.chat_completion.serving"
 _PATCHED = "__hermes_vllm_finish_reason__"
+_RESOLVER = "resolve_finish_reason"
 _SKIPPED = "hermes-vllm: %s: %s; a cut non-streaming reply keeps vLLM's finish_reason"
 
 
@@ -59,8 +65,28 @@ def _wrap(method: Callable[..., Any]) -> Callable[..., Any]:
     return full_generator
 
 
+def _keeps_length(method: Callable[..., Any]) -> bool:
+    """Whether ``method`` reports ``"length"`` for a cut reply that carries calls.
+
+    True when it maps the engine's reason through a ``resolve_finish_reason`` of its module that,
+    asked about such a reply, answers ``"length"``; vLLM 0.32 relabels inline and has none.
+    """
+    code = getattr(method, "__code__", None)
+    if code is None or _RESOLVER not in code.co_names:
+        return False
+    resolve = getattr(method, "__globals__", {}).get(_RESOLVER)
+    try:
+        return callable(resolve) and resolve("length", None, True) == "length"
+    except (TypeError, AttributeError):  # another signature: assume it relabels, the wrapper is harmless
+        return False
+
+
 def install() -> bool:
-    """Wrap vLLM's non-streaming chat method once per process; False if it is not there."""
+    """Wrap vLLM's non-streaming chat method once per process where it relabels a cut reply (idempotent).
+
+    Returns whether the wrapper is in place: False where vLLM keeps ``"length"`` itself, or where
+    the method is not there or has another signature (a warning then says so).
+    """
     try:
         module = __import__(_MODULE, fromlist=["OpenAIServingChat"])
         serving = module.OpenAIServingChat
@@ -70,6 +96,8 @@ def install() -> bool:
         return False
     if getattr(method, _PATCHED, False):
         return True
+    if _keeps_length(method):
+        return False
     parameters = inspect.signature(method).parameters
     if not {"request", "result_generator"} <= parameters.keys():
         logger.warning(_SKIPPED, _MODULE, "chat_completion_full_generator has another signature")

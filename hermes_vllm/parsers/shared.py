@@ -20,7 +20,9 @@ def keep_special_tags(request: Any, tokenizer: Any, dialect: Dialect) -> None:
 
     Otherwise the detokenizer would drop the tags and the parsers could not find the spans.
     Tags that are plain added tokens (as in Hermes 2 Pro) survive detokenization either way, and
-    the request is left alone.
+    the request keeps its own setting: ``True`` by default in vLLM 0.32, ``None`` in 0.33, which
+    ``to_sampling_params`` resolves to the model's default (skipping, unless its generation config
+    says otherwise).
     """
     if parsed_tags(dialect) & set(tokenizer.all_special_tokens):
         request.skip_special_tokens = False

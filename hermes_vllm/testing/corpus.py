@@ -88,12 +88,13 @@ def registry_corpus() -> Path:
                     _write(staging / dest, wheel.read(member))
         suite = f"json/tests/{SUITE_DRAFT}/"
         with tarfile.open(fetch(SUITE_SDIST)) as sdist:
-            for member in sdist.getmembers():
-                inner = PurePosixPath(*PurePosixPath(member.name).parts[1:]).as_posix()
-                if member.isfile() and inner.startswith(suite):
-                    data = sdist.extractfile(member)
+            for entry in sdist.getmembers():
+                inner = PurePosixPath(*PurePosixPath(entry.name).parts[1:]).as_posix()
+                if entry.isfile() and inner.startswith(suite):
+                    data = sdist.extractfile(entry)
                     assert data is not None
-                    _write(staging / "json-schema-test-suite" / "tests" / inner[len("json/tests/") :], data.read())
+                    path = staging / "json-schema-test-suite" / "tests" / inner[len("json/tests/") :]
+                    _write(path, data.read())
         (staging / ".complete").write_text("", encoding="utf-8")
         if not (out / ".complete").is_file():  # another process may have finished first
             shutil.rmtree(out, ignore_errors=True)
