@@ -138,3 +138,68 @@ def test_a_malformed_schema_is_refused_naming_the_tool_and_the_path(vllm_tokeniz
     request = adjusted("hermes_vllm", vllm_tokenizer, tools=[WEATHER, bad])
     with pytest.raises(ToolSchemaError, match=r"tool 'bad': parameters/properties/x/type"):
         validate_request(request.to_sampling_params(64, {}).extra_args, "xgrammar")
+
+
+def test_our_composed_parser_asks_vllm_to_adjust_tool_choice_none_requests(vllm_tokenizer: Any) -> None:
+    """Without a reasoning parser vLLM adjusts a "none" request only if the parser class asks."""
+    register()
+    ours = ParserManager.get_parser(tool_parser_name="hermes_vllm", enable_auto_tools=True)
+    theirs = ParserManager.get_parser(tool_parser_name="hermes", enable_auto_tools=True)
+    assert ours is not None and ours.always_adjust_request
+    assert theirs is not None and not theirs.always_adjust_request
+    request = ChatCompletionRequest(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], tools=[WEATHER], tool_choice="none"
+    )
+    ours(vllm_tokenizer, request.tools).adjust_request(request)
+    assert request.vllm_xargs == constraint_args([WEATHER], "none")
+
+
+RESPONSES_WEATHER = {"type": "function", **WEATHER["function"]}  # type: ignore[dict-item]
+
+
+@pytest.mark.parametrize(
+    ("responses_choice", "chat_choice"),
+    [
+        ("auto", "auto"),
+        ("required", "required"),
+        ("none", "none"),
+        ({"type": "function", "name": "get_weather"}, NAMED),
+        (
+            {
+                "type": "allowed_tools",
+                "mode": "required",
+                "tools": [{"type": "function", "name": "get_weather"}],
+            },
+            {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [NAMED]}},
+        ),
+    ],
+)
+def test_a_responses_api_request_is_constrained_like_its_chat_twin(
+    responses_choice: Any, chat_choice: Any, vllm_tokenizer: Any
+) -> None:
+    from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+
+    register()
+    cls = ParserManager.get_parser(tool_parser_name="hermes_vllm", enable_auto_tools=True)
+    request = ResponsesRequest(
+        model="tiny", input="hi", tools=[RESPONSES_WEATHER], tool_choice=responses_choice
+    )
+    cls(vllm_tokenizer, request.tools).adjust_request(request)
+    sent = validate_request(request.to_sampling_params(64, {}).extra_args, "xgrammar")
+    twin = validate_request(constraint_args([WEATHER], chat_choice), "xgrammar")
+    assert sent is not None and twin is not None
+    assert sent.tool_choice == twin.tool_choice
+    assert [t["function"]["name"] for t in sent.tools] == ["get_weather"]
+    assert sent.tools[0]["function"]["parameters"] == WEATHER["function"]["parameters"]  # type: ignore[index]
+
+
+def test_a_responses_choice_of_a_builtin_tool_is_refused_by_name(vllm_tokenizer: Any) -> None:
+    from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+
+    register()
+    cls = ParserManager.get_parser(tool_parser_name="hermes_vllm", enable_auto_tools=True)
+    request = ResponsesRequest(
+        model="tiny", input="hi", tools=[RESPONSES_WEATHER], tool_choice={"type": "web_search_preview"}
+    )
+    with pytest.raises(ValueError, match="function tools only, got type 'web_search_preview'"):
+        cls(vllm_tokenizer, request.tools).adjust_request(request)

@@ -7,6 +7,7 @@ bit-for-bit untouched.
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -320,3 +321,75 @@ def test_v2_adapter_replays_resumed_output(
     assert proc.slots[2].consumed == len(half)
     assert allowed(logits, 0, plan[len(half)])
     assert not torch.isfinite(logits[0]).all()
+
+
+def _async_batch(vllm_config: Any) -> Any:
+    """A V1 ``InputBatch`` built as the GPU runner builds it for entry-point processors only."""
+    from vllm.v1.sample.logits_processor import build_logitsprocs
+    from vllm.v1.worker.gpu_input_batch import InputBatch
+
+    config = copy.deepcopy(vllm_config)
+    config.scheduler_config.async_scheduling = True
+    cpu = torch.device("cpu")
+    return InputBatch(
+        max_num_reqs=4,
+        max_model_len=1024,
+        max_num_batched_tokens=1024,
+        device=cpu,
+        vocab_size=config.model_config.get_vocab_size(),
+        block_sizes=[16],
+        max_num_blocks_per_req=[64],
+        logitsprocs=build_logitsprocs(config, cpu, False, False, ()),
+        logitsprocs_need_output_token_ids=False,  # bool(--logits-processors): none given
+    )
+
+
+@pytest.mark.parametrize("choice", ["required", "auto"])
+def test_v1_runner_under_async_scheduling_shows_us_the_sampled_tokens(
+    vllm_config: Any, tokenizer: Any, choice: str
+) -> None:
+    """vLLM's real ``InputBatch``, stepped as the V1 runner steps it under async scheduling.
+
+    After each step the runner appends a ``-1`` placeholder and hands the batch the sampled ids
+    (``set_async_sampled_token_ids``); before the next sampling it repairs the lists
+    (``update_async_output_token_ids``), then applies the processors. The planned turn must stay
+    allowed token by token, and our rows must have read every token.
+    """
+    from vllm.v1.worker.gpu_input_batch import CachedRequestState
+
+    batch = _async_batch(vllm_config)
+    ours = [p for p in batch.logitsprocs.all if isinstance(p, V1ToolCallLogitsProcessor)]
+    assert len(ours) == 1 and ours[0].core is not None
+    turn = TURN_A if choice == "auto" else TURN_A[TURN_A.index("<tool_call>") :]  # required: no text first
+    plan = tokens_of(tokenizer, turn)
+    request = CachedRequestState(
+        req_id="r",
+        prompt_token_ids=[1, 2, 3],
+        mm_features=[],
+        sampling_params=params([WEATHER], choice),
+        generator=None,
+        block_ids=([0],),
+        num_computed_tokens=0,
+        output_token_ids=[],
+    )
+    batch.add_request(request)
+    batch.refresh_metadata()
+    width = vllm_config.model_config.get_vocab_size()
+    for step, token in enumerate(plan):
+        batch.update_async_output_token_ids()
+        logits = random_logits(1, width, step)
+        for proc in batch.logitsprocs.non_argmax_invariant:
+            logits = proc.apply(logits)
+        assert allowed(logits, 0, token), f"step {step}: the turn's next token is masked"
+        # What the runner does after sampling under async scheduling.
+        request.output_token_ids.append(-1)
+        batch.prev_req_id_to_index = {"r": 0}
+        event = torch.Event()
+        event.record()
+        batch.set_async_sampled_token_ids(torch.tensor([[token]]), event)
+    batch.update_async_output_token_ids()
+    for proc in batch.logitsprocs.non_argmax_invariant:
+        proc.apply(random_logits(1, width, 0))
+    state, _ = ours[0].rows[0]
+    assert request.output_token_ids == plan
+    assert state.consumed == len(plan) and state.failed is None

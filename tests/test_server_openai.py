@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -177,16 +179,16 @@ async def _ask_all(served: Served) -> dict[tuple[str, bool, bool], Reply]:
     return dict(zip(keys, replies, strict=True))
 
 
-@pytest.fixture(scope="module", params=["hermes", "chatml-brackets"])
-def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    """One server at a time (module scope, grouped by dialect), with every combination's reply."""
+@contextmanager
+def serving(dialect: str, tmp: Path, reasoning_parser: bool = True) -> Iterator[Served]:
+    """A server with the documented flags (``--reasoning-parser`` unless told otherwise)."""
     from transformers import AutoTokenizer
 
-    d = get_dialect(request.param)
+    d = get_dialect(dialect)
     model = tiny_model_path(TOKENIZER_OF[d.name])
-    tmp = tmp_path_factory.mktemp(d.name)
-    args = [*CPU_ARGS, "--enable-auto-tool-choice", "--seed", "0"]
-    args += ["--tool-call-parser", NAME_OF[d.name], "--reasoning-parser", NAME_OF[d.name]]
+    args = [*CPU_ARGS, "--enable-auto-tool-choice", "--seed", "0", "--tool-call-parser", NAME_OF[d.name]]
+    if reasoning_parser:
+        args += ["--reasoning-parser", NAME_OF[d.name]]
     if d.name != "hermes":
         template = tmp / "chat_template.jinja"
         template.write_text(chat_template(d), encoding="utf-8")
@@ -196,7 +198,13 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     with openai_server(model, args, CPU_ENV, log_path=log) as url:
         one_token = len(tokenizer.encode(d.tool_call.begin, add_special_tokens=False)) == 1
         bias = {str(k): v for k, v in call_bias(tokenizer, (d.name,)).items()}
-        served = Served(d, str(model), url, tokenizer, bias, log, one_token, {})
+        yield Served(d, str(model), url, tokenizer, bias, log, one_token, {})
+
+
+@pytest.fixture(scope="module", params=["hermes", "chatml-brackets"])
+def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """One server at a time (module scope, grouped by dialect), with every combination's reply."""
+    with serving(request.param, tmp_path_factory.mktemp(request.param)) as served:
         served.replies = asyncio.run(_ask_all(served))
         yield served
 
@@ -441,3 +449,183 @@ def test_the_served_qwen_template_gets_reasoning_and_the_thinking_switch(tmp_pat
     )
     tokenizer = AutoTokenizer.from_pretrained(str(model))
     assert tokens == tokenizer.encode(prompt, add_special_tokens=False)
+
+
+# The Responses API (/v1/responses), what agent frameworks call: flat tool definitions, named
+# choices as {"type": "function", "name": ...}.
+RESPONSES_TOOLS = [{"type": "function", "name": n, "parameters": s} for n, s in SCHEMAS.items()]
+RESPONSES_CHOICES: dict[str, Any] = {**CHOICES, "named": {"type": "function", "name": "add"}}
+
+
+async def ask_responses(served: Served, stream: bool, seed: int, **kwargs: Any) -> Reply:
+    """One Responses API call, folded into a :class:`Reply` (``raw`` only for a whole reply)."""
+    kwargs = {
+        "model": served.model,
+        "input": MESSAGES[0]["content"],
+        "tools": RESPONSES_TOOLS,
+        "temperature": 1.0,
+        "max_output_tokens": 200,
+        "extra_body": {"logit_bias": served.bias, "enable_response_messages": True, "seed": seed},
+        **kwargs,
+    }
+    async with AsyncOpenAI(base_url=served.base_url, api_key="unused", max_retries=0, timeout=300) as client:
+        if stream:
+            response = None
+            async for event in await client.responses.create(stream=True, **kwargs):
+                if event.type in ("response.completed", "response.incomplete"):
+                    response = event.response
+            assert response is not None
+        else:
+            response = await client.responses.create(**kwargs)
+    calls = [(item.name, item.arguments) for item in response.output if item.type == "function_call"]
+    messages = (response.model_extra or {}).get("output_messages") or []
+    raw = served.tokenizer.decode([t for m in messages for t in m["tokens"]])
+    return Reply(response.status, calls, response.output_text, "", raw)
+
+
+@pytest.mark.parametrize("choice", ["required", "named", "auto", "none"])
+def test_responses_api_calls_are_constrained(served: Served, choice: str) -> None:
+    d = served.dialect
+
+    async def both() -> list[Reply]:
+        return list(
+            await asyncio.gather(
+                *(
+                    ask_responses(served, s, tool_choice=RESPONSES_CHOICES[choice], seed=5)
+                    for s in (False, True)
+                )
+            )
+        )
+
+    whole, streamed = asyncio.run(both())
+    assert whole.raw, "the raw output is needed to judge the calls"
+    for name, arguments in whole.calls:
+        jsonschema.validate(json.loads(arguments), SCHEMAS[name])
+    assert whole.calls == complete_calls(whole.raw, d)
+    assert [name for name, _ in streamed.calls] == [name for name, _ in whole.calls]
+    if choice == "none":
+        assert d.tool_call.begin not in whole.raw
+    elif choice != "auto" or served.tag_is_one_token:
+        assert whole.calls
+    if choice == "named":
+        assert {name for name, _ in whole.calls} == {"add"}
+
+
+@pytest.fixture(scope="module")
+def served_without_reasoning_parser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """vLLM hands "none" requests to the tool parser only with a reasoning parser, unless asked to."""
+    with serving("hermes", tmp_path_factory.mktemp("plain"), reasoning_parser=False) as served:
+        yield served
+
+
+def test_tool_choice_none_is_constrained_without_a_reasoning_parser(
+    served_without_reasoning_parser: Served,
+) -> None:
+    served = served_without_reasoning_parser
+    d = served.dialect
+
+    async def replies() -> list[Reply]:
+        return list(
+            await asyncio.gather(
+                *(ask(served, False, tool_choice="none", seed=s) for s in range(3)),
+                *(ask_responses(served, False, tool_choice="none", seed=s) for s in range(3)),
+                ask(served, False, tool_choice="required", seed=3),
+            )
+        )
+
+    *nones, required = asyncio.run(replies())
+    for reply in nones:
+        assert reply.raw and d.tool_call.begin not in reply.raw
+        assert reply.calls == []
+    # The same bias opens calls when they are allowed: the ban is what keeps them out above.
+    assert required.calls
+
+
+@contextmanager
+def two_hosts(tmp: Path, engine_flags: list[str]) -> Iterator[Served]:
+    """A frontend with no engine of its own (``--data-parallel-size-local 0``) and a ``--headless``
+    engine, each with its own temp dir and handshake directory, as on two hosts (on loopback)."""
+    from transformers import AutoTokenizer
+
+    from hermes_vllm.processor.handshake import ENV
+    from hermes_vllm.testing.headless import headless_engine
+    from hermes_vllm.testing.server import free_port
+
+    d = get_dialect("hermes")
+    model = tiny_model_path(TOKENIZER_OF[d.name])
+    hosts = {}
+    for host in ("frontend", "engine"):
+        (tmp / host / "handshake").mkdir(parents=True)
+        env = {k: v for k, v in os.environ.items() if k != ENV}
+        # CPU_ENV but with engine processes: a frontend without local engines needs them.
+        env |= {**CPU_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "1", "TMPDIR": str(tmp / host)}
+        hosts[host] = {**env, ENV: str(tmp / host / "handshake")}
+    dp = ["--data-parallel-size", "1", "--data-parallel-address", "127.0.0.1"]
+    dp += ["--data-parallel-rpc-port", str(free_port())]
+    engine_args = [*CPU_ARGS, *dp, "--data-parallel-size-local", "1", *engine_flags]
+    front_args = [*CPU_ARGS, *dp, "--data-parallel-size-local", "0", "--enable-auto-tool-choice"]
+    front_args += ["--tool-call-parser", NAME_OF[d.name]]
+    tokenizer = AutoTokenizer.from_pretrained(str(model))
+    log = tmp / "frontend.log"
+    with (
+        headless_engine(model, engine_args, hosts["engine"], tmp / "engine.log"),
+        openai_server(model, front_args, hosts["frontend"], log_path=log) as url,
+    ):
+        bias = {str(k): v for k, v in call_bias(tokenizer, (d.name,)).items()}
+        yield Served(d, str(model), url, tokenizer, bias, log, True, {})
+
+
+@pytest.fixture(scope="module")
+def served_across_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    with two_hosts(tmp_path_factory.mktemp("hosts"), []) as served:
+        yield served
+
+
+def test_a_frontend_without_local_engines_serves_constrained_requests(served_across_hosts: Served) -> None:
+    """The engine's activation reaches the frontend through vLLM's collective_rpc, not a local note."""
+    served = served_across_hosts
+    frontend_dir = served.log.parent / "frontend" / "handshake"
+    assert not list(frontend_dir.glob("v*.json")), "the frontend host must have no engine note of its own"
+
+    async def replies() -> list[Reply]:
+        return list(
+            await asyncio.gather(*(ask(served, False, tool_choice="required", seed=s) for s in range(3)))
+        )
+
+    for reply in asyncio.run(replies()):
+        assert reply.calls == complete_calls(reply.raw, served.dialect) and reply.calls
+        for name, arguments in reply.calls:
+            jsonschema.validate(json.loads(arguments), SCHEMAS[name])
+    assert [p.name for p in frontend_dir.glob("*.json")] == [
+        p.name for p in frontend_dir.glob("remote-*.json")
+    ]
+
+
+SPECULATIVE = (
+    '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3, "prompt_lookup_min": 2}'
+)
+
+
+def test_a_remote_engine_without_our_processor_gets_no_constrained_request(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The V1 runner with speculative decoding skips entry-point processors: nothing confirms."""
+    with two_hosts(tmp_path_factory.mktemp("refusing"), ["--speculative-config", SPECULATIVE]) as served:
+
+        async def requests() -> tuple[list[openai.BadRequestError], Reply]:
+            refused = []
+            for door in (
+                ask(served, False, tool_choice="required", max_tokens=8),
+                ask(served, False, tool_choice="none", max_tokens=8),
+                ask_responses(served, False, seed=0, tool_choice="required", max_output_tokens=8),
+            ):
+                with pytest.raises(openai.BadRequestError) as error:
+                    await door
+                refused.append(error.value)
+            return refused, await ask(served, False, tools=openai.NOT_GIVEN, max_tokens=8, logit_bias=None)
+
+        refused, plain = asyncio.run(requests())
+    for error in refused:
+        assert error.status_code == 400
+        assert "the engine did not confirm a hermes-vllm logits processor" in str(error.message)
+    assert plain.raw, "requests without constraints are still served"

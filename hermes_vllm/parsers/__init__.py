@@ -51,10 +51,17 @@ def parser_class_names(name: str) -> tuple[str, str]:
 def register_parsers() -> None:
     """Register both parser kinds under every name of :data:`PARSERS`; safe to call again.
 
+    Also makes vLLM hand ``tool_choice="none"`` requests to our tool parser
+    (:mod:`hermes_vllm.parsers.always_adjust`).
+
     A name some other package already registered is left to it, with an error in the log.
     """
     from vllm.reasoning import ReasoningParserManager
     from vllm.tool_parsers import ToolParserManager
+
+    from hermes_vllm.parsers import always_adjust
+
+    always_adjust.install()
 
     for name in PARSERS:
         tool_class, reasoning_class = parser_class_names(name)

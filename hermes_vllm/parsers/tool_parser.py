@@ -28,8 +28,10 @@ from vllm.tool_parsers.abstract_tool_parser import ToolParser
 from hermes_vllm.constraint import constraint_args
 from hermes_vllm.dialect import DEFAULT_DIALECT, get_dialect
 from hermes_vllm.parsers import finish_reason
+from hermes_vllm.parsers.responses_api import responses_tool_choice, responses_tools
 from hermes_vllm.parsers.shared import delta_message, keep_special_tags
 from hermes_vllm.parsers.span_stream import Released, SpanStream
+from hermes_vllm.processor import remote
 
 if TYPE_CHECKING:
     from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
@@ -47,11 +49,14 @@ class DialectToolParser(ToolParser):  # type: ignore[misc]
     engine_based_streaming = True
     # Set by vLLM when no reasoning parser is configured: reasoning markup is then plain content.
     skip_reasoning_parsing = False
+    # Asks vLLM to call adjust_request for tool_choice="none" too (see parsers.always_adjust).
+    hermes_vllm_constrains_none: ClassVar[bool] = True
 
     def __init__(self, tokenizer: Any, tools: list[Any] | None = None) -> None:
         super().__init__(tokenizer, tools)
         # Runs in the API server only, before vLLM looks the non-streaming method up (idempotent).
         finish_reason.install()
+        remote.install()  # engines on other hosts confirm activation through vLLM's RPC
         self.dialect = get_dialect(self.dialect_name)
         self._stream: SpanStream | None = None
         self._calls_sent = 0
@@ -59,20 +64,29 @@ class DialectToolParser(ToolParser):  # type: ignore[misc]
     def adjust_request(
         self, request: ChatCompletionRequest | ResponsesRequest
     ) -> ChatCompletionRequest | ResponsesRequest:
-        """Constrain every Chat Completions request that carries tools, ``tool_choice="none"`` included.
+        """Constrain every request that carries tools, ``tool_choice="none"`` included.
 
-        For ``"none"`` the processor bans opening a call, so the model cannot write a fake call
-        into the content. vLLM calls this for ``"none"`` only when a reasoning parser is
-        configured (as in the recommended ``--reasoning-parser hermes_vllm`` setup); without
-        one, a ``"none"`` request is not constrained and vLLM drops any call it contains. A
-        constraint a client sent under the same key is replaced: it must be the request's own
-        tools and tool_choice. Responses API requests are left unconstrained.
+        Both doors of the OpenAI server come here: Chat Completions, and the Responses API
+        (``/v1/responses``, whose tools and ``tool_choice`` are read as the chat template shows
+        them, see :mod:`hermes_vllm.parsers.responses_api`). For ``"none"`` the processor bans
+        opening a call, so the model cannot write a fake call into the content; vLLM calls this
+        for ``"none"`` even without a reasoning parser because :mod:`hermes_vllm.parsers.always_adjust`
+        asks it to. A constraint a client sent under the same key is replaced: it must be the
+        request's own tools and tool_choice.
         """
-        if not request.tools or not isinstance(request, ChatCompletionRequest):
+        if not request.tools:
             return request
+        if isinstance(request, ChatCompletionRequest):
+            tools: Sequence[Any] = request.tools
+            tool_choice = request.tool_choice if request.tool_choice is not None else "auto"
+        else:
+            tools = responses_tools(request)
+            if not tools:  # only built-in tools: no call of this parser's to constrain
+                return request
+            tool_choice = responses_tool_choice(request.tool_choice)
         args = constraint_args(
-            request.tools,
-            tool_choice=request.tool_choice if request.tool_choice is not None else "auto",
+            tools,
+            tool_choice=tool_choice,
             parallel_tool_calls=request.parallel_tool_calls is not False,
             dialect=self.dialect.name,
         )

@@ -7,7 +7,7 @@ import os
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from hermes_vllm.processor import handshake
+from hermes_vllm.processor import handshake, remote
 from hermes_vllm.processor.core import ConstraintCore
 
 if TYPE_CHECKING:
@@ -30,17 +30,23 @@ def _load_tokenizer(vllm_config: VllmConfig) -> Any:
     return cached_tokenizer_from_config(vllm_config.model_config)
 
 
-def core_for_config(vllm_config: VllmConfig, runner: str, device: torch.device) -> ConstraintCore | None:
+def core_for_config(
+    vllm_config: VllmConfig, runner: str, device: torch.device, refusal: str | None = None
+) -> ConstraintCore | None:
     """The core for this engine, or ``None`` where constraints cannot hold.
 
-    In the ``None`` case the frontend is told why, and refuses constrained requests with that
-    reason (HTTP 400) while the server keeps serving everything else.
+    ``refusal`` is the adapter's own reason they cannot. In the ``None`` case the frontend is
+    told why, and refuses constrained requests with that reason (HTTP 400) while the server
+    keeps serving everything else.
     """
+    reason = refusal
     if vllm_config.speculative_config is not None:
         reason = (
             "speculative decoding is enabled, and hermes-vllm cannot constrain draft tokens; "
             "serve tool calls without --speculative-config"
         )
+    remote.expose()
+    if reason is not None:
         handshake.announce(runner, reason)
         logger.warning("hermes-vllm: %s", reason)
         return None

@@ -2,8 +2,8 @@
 
 Rows are batch indices; ``BatchUpdate`` moves are applied with vLLM's own helper. The output
 token lists arrive by reference; under async scheduling their last entries may still be ``-1``
-placeholders in ``update_state``, but vLLM fills them in before ``apply``, which is where the
-matchers are advanced.
+placeholders in ``update_state``, and vLLM fills them in before ``apply`` (which is where the
+matchers are advanced) because :mod:`hermes_vllm.processor.output_ids` asks it to.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from vllm.v1.sample.logits_processor import BatchUpdate
 from vllm.v1.sample.logits_processor import LogitsProcessor as V1LogitsProcessor
 from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
+from hermes_vllm.processor import output_ids
 from hermes_vllm.processor.config import core_for_config
 from hermes_vllm.processor.core import ConstraintCore, RowState
 
@@ -27,8 +28,18 @@ if TYPE_CHECKING:
 class V1ToolCallLogitsProcessor(V1LogitsProcessor):  # type: ignore[misc]
     """Span-gated tool-call constraints on the V1 runner."""
 
+    hermes_vllm_reads_output_ids = True  # see output_ids.MARK
+
     def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool) -> None:
-        self.core: ConstraintCore | None = core_for_config(vllm_config, "v1", device)
+        refusal = None
+        if vllm_config.scheduler_config.async_scheduling:
+            problem = output_ids.install()
+            if problem is not None:
+                refusal = (
+                    f"under async scheduling the V1 runner does not show logits processors the "
+                    f"sampled tokens ({problem}); serve with --no-async-scheduling or on Model Runner V2"
+                )
+        self.core: ConstraintCore | None = core_for_config(vllm_config, "v1", device, refusal)
         self.device = device
         self.rows: dict[int, tuple[RowState, list[int]]] = {}
 
