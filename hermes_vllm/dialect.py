@@ -41,6 +41,9 @@ class Dialect:
     key_order: KeyOrder
     response_role: ResponseRole
     system_preamble: str
+    reserved: tuple[str, ...] = ()
+    """Strings that are no tag here but a tokenizer turns into control tokens (its added and special
+    tokens, :func:`hermes_vllm.formats.token_check.reserve_tokens`): escaped in message text too."""
 
     @property
     def free_spans(self) -> tuple[TagPair, ...]:

@@ -28,7 +28,7 @@ _TOKENIZER_FILES: dict[str, tuple[str, str]] = {
     "tekken": ("tekken_240911.json", "tekken.json"),
 }
 # Bump when the layout below changes, so cached builds are rebuilt.
-BUILD_VERSION = 2
+BUILD_VERSION = 3
 
 
 def chatml_added_tokens() -> tuple[list[str], list[str]]:
