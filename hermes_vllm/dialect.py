@@ -52,13 +52,14 @@ class Dialect:
 
     @property
     def control_strings(self) -> tuple[str, ...]:
-        """Every string that must not appear verbatim in rendered message text.
+        """The dialect's ChatML turn markers and tags, and the strings it reserves.
 
-        ChatML turn markers and every tag of the dialect: if user text could spell one, it
-        could forge a turn, a call, a tool response or a reasoning span.
+        If user text could spell one, it could forge a turn, a call, a tool response or a
+        reasoning span; message text is escaped for these and every built-in dialect's
+        (:func:`hermes_vllm.formats.escape.escaped_strings`).
         """
         pairs = (self.turn, self.tool_call, self.tool_response, self.tools, *self.free_spans)
-        return tuple(dict.fromkeys(s for p in pairs for s in (p.begin, p.end)))
+        return tuple(dict.fromkeys((*(s for p in pairs for s in (p.begin, p.end)), *self.reserved)))
 
     @property
     def added_tokens(self) -> tuple[str, ...]:

@@ -77,7 +77,7 @@ def escaped_strings(dialect: str | Dialect = "hermes") -> tuple[str, ...]:
     """What message text must never spell: the dialect's control strings, every built-in dialect's,
     then the strings the dialect reserves (see the module docstring)."""
     d = get_dialect(dialect)
-    return tuple(dict.fromkeys((*d.control_strings, *_builtin_control_strings(), *d.reserved)))
+    return tuple(dict.fromkeys((*d.control_strings, *_builtin_control_strings())))
 
 
 def _first_chars(strings: Iterable[str]) -> tuple[str, ...]:
