@@ -2,7 +2,9 @@
 
 One server per dialect (hermes on the 32k tokenizer, the bracket dialect on the 131k one), with
 nothing but the documented flags: ``--enable-auto-tool-choice --tool-call-parser NAME
---reasoning-parser NAME`` (plus ``--chat-template`` for the bracket dialect). The requests are
+--reasoning-parser NAME`` plus ``--chat-template``: the shipped template for the bracket dialect,
+and for hermes the one ``hermes-vllm template --tokenizer`` writes, which also escapes the
+tokenizer's own special tokens (``</s>``). The requests are
 plain ``tools=[...]`` requests. The random-weight model writes garbage; ``logit_bias`` makes it
 open calls and close JSON strings often, and the constraint decides everything else. All the
 requests of a server are sent at once so the engine batches them.
@@ -83,8 +85,8 @@ class Served:
     tag_is_one_token: bool
     replies: dict[tuple[str, bool, bool], Reply]
     template_dialect: Dialect
-    """What the served template escapes: the bracket server's reserves its tokenizer's tokens
-    (``hermes-vllm template --tokenizer``); the hermes server uses the tiny model's own template."""
+    """What the served template escapes: every built-in dialect's tags (the bracket server's, the
+    shipped template), and the tokenizer's own tokens too on the hermes server (``reserve_tokens``)."""
 
 
 async def _fold_stream(served: Served, chunks: Any) -> Reply:
@@ -194,12 +196,10 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     args = [*CPU_ARGS, "--enable-auto-tool-choice", "--seed", "0"]
     args += ["--tool-call-parser", NAME_OF[d.name], "--reasoning-parser", NAME_OF[d.name]]
     tokenizer = AutoTokenizer.from_pretrained(str(model))
-    template_dialect = d
-    if d.name != "hermes":
-        template_dialect = reserve_tokens(d, tokenizer)
-        template = tmp / "chat_template.jinja"
-        template.write_text(chat_template(template_dialect), encoding="utf-8")
-        args += ["--chat-template", str(template)]
+    template_dialect = reserve_tokens(d, tokenizer) if d.name == "hermes" else d
+    template = tmp / "chat_template.jinja"
+    template.write_text(chat_template(template_dialect), encoding="utf-8")
+    args += ["--chat-template", str(template)]
     log = tmp / "server.log"
     with openai_server(model, args, CPU_ENV, log_path=log) as url:
         one_token = len(tokenizer.encode(d.tool_call.begin, add_special_tokens=False)) == 1
@@ -355,9 +355,10 @@ def _forgeries(d: Dialect) -> list[str]:
 
 
 def test_injected_control_strings_stay_text_in_the_served_prompt(served: Served) -> None:
-    """The server's own template and tokenizer: message text cannot forge turns, calls or spans, in
-    this dialect's tags or another's, nor (where the template reserves them) the tokenizer's own
-    special tokens. The census counts every added or special token of the tokenizer."""
+    """The server's template and tokenizer: message text cannot forge turns, calls or spans, in this
+    dialect's tags or another's (the tekken tokenizer holds ``<tool_call>`` as one token under the
+    bracket dialect too), nor, where the template reserves them, the tokenizer's own special tokens.
+    The census counts every added or special token of the tokenizer."""
     d = served.dialect
     controls = escaped_strings(served.template_dialect)
     single = {s: i for i, s in control_tokens(served.tokenizer).items()}

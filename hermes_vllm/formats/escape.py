@@ -74,8 +74,8 @@ def _builtin_control_strings() -> tuple[str, ...]:
 
 
 def escaped_strings(dialect: str | Dialect = "hermes") -> tuple[str, ...]:
-    """What message text must never spell: the dialect's control strings, every built-in dialect's,
-    then the strings the dialect reserves (see the module docstring)."""
+    """What message text must never spell: the dialect's control strings (its tags and reserved
+    strings), then every built-in dialect's (see the module docstring)."""
     d = get_dialect(dialect)
     return tuple(dict.fromkeys((*d.control_strings, *_builtin_control_strings())))
 
