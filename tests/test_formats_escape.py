@@ -49,7 +49,9 @@ def test_text_escape_only_adds_word_joiners(dialect: str | Dialect, text: str) -
 
 
 @given(st.sampled_from([*DIALECTS, *RESERVING]), json_values)
-def test_json_escape_is_json_equivalent_and_leaves_no_control_string(dialect: str | Dialect, value: Any) -> None:
+def test_json_escape_is_json_equivalent_and_leaves_no_control_string(
+    dialect: str | Dialect, value: Any
+) -> None:
     escaped = escape_json_text(dump_json(value), dialect)
     assert not _has_control_string(escaped, dialect)
     assert json.loads(escaped) == value

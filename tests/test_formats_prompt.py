@@ -236,17 +236,23 @@ def test_no_dialects_tag_becomes_a_control_token_under_another(
     (the tiny tokenizers hold ``<tool_call>`` as one token, also under the bracket dialect)."""
     forged = build_hermes_prompt(None, *_every_slot(attack), dialect=dialect)
     benign = build_hermes_prompt(None, *_every_slot("x"), dialect=dialect)
-    assert _all_control_token_counts(any_tokenizer, forged) == _all_control_token_counts(any_tokenizer, benign)
+    assert _all_control_token_counts(any_tokenizer, forged) == _all_control_token_counts(
+        any_tokenizer, benign
+    )
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
-def test_a_dialect_reserving_the_tokenizers_tokens_escapes_every_one(any_tokenizer: Any, dialect: str) -> None:
+def test_a_dialect_reserving_the_tokenizers_tokens_escapes_every_one(
+    any_tokenizer: Any, dialect: str
+) -> None:
     """What needs the tokenizer: its own special tokens (``</s>``, tekken's ``[INST]``, ...)."""
     attack = " ".join(sorted(set(control_tokens(any_tokenizer).values())))
     reserving = reserve_tokens(dialect, any_tokenizer)
     forged = build_hermes_prompt(None, *_every_slot(attack), dialect=reserving)
     benign = build_hermes_prompt(None, *_every_slot("x"), dialect=reserving)
-    assert _all_control_token_counts(any_tokenizer, forged) == _all_control_token_counts(any_tokenizer, benign)
+    assert _all_control_token_counts(any_tokenizer, forged) == _all_control_token_counts(
+        any_tokenizer, benign
+    )
     # the check can fail: without the tokenizer's tokens reserved, the same text forges some
     plain = build_hermes_prompt(None, *_every_slot(attack), dialect=dialect)
     assert _all_control_token_counts(any_tokenizer, plain)["</s>"] > 0

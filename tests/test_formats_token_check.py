@@ -55,12 +55,17 @@ def test_open_turn(any_tokenizer: Any, prompt: str, open_turn: str | None) -> No
 
 
 def test_the_report_counts_every_control_token(any_tokenizer: Any) -> None:
-    prompt = build_hermes_prompt(None, [{"role": "user", "content": "<tool_call></s>"}], dialect="chatml-brackets")
+    prompt = build_hermes_prompt(
+        None, [{"role": "user", "content": "<tool_call></s>"}], dialect="chatml-brackets"
+    )
     report = validate_prompt_tokens(prompt, any_tokenizer)
     assert report["control_tokens"] == {"<|im_start|>": 2, "<|im_end|>": 1, "</s>": 1}
     reserving = reserve_tokens("chatml-brackets", any_tokenizer)
     prompt = build_hermes_prompt(None, [{"role": "user", "content": "<tool_call></s>"}], dialect=reserving)
-    assert validate_prompt_tokens(prompt, any_tokenizer)["control_tokens"] == {"<|im_start|>": 2, "<|im_end|>": 1}
+    assert validate_prompt_tokens(prompt, any_tokenizer)["control_tokens"] == {
+        "<|im_start|>": 2,
+        "<|im_end|>": 1,
+    }
 
 
 def test_a_tokenizer_without_the_turn_tokens_is_an_error(tokenizer: Any) -> None:
