@@ -357,14 +357,14 @@ class ToolGrammarCompiler:
         name a built-in dialect; anything else is prepared directly, which explains what is wrong.
         """
         d, cov = get_dialect(dialect or self.dialect), coverage or self.coverage
-        raw = None
-        if isinstance(tools, (list, tuple)) and d.name in available_dialects() and get_dialect(d.name) == d:
+        built_in = d.name in available_dialects() and get_dialect(d.name) == d
+        if isinstance(tools, (list, tuple)) and built_in and cov in ("strict", "lenient"):
             try:
                 raw = constraint_args(tools, tool_choice, parallel_tool_calls, d.name, cov)[ARGS_KEY]
-            except (TypeError, ValueError):  # not JSON (the direct path says what is wrong)
-                raw = None
-        if raw is not None and cov in ("strict", "lenient"):
-            return prepare_constraint(raw, type(self.engine), self.limits, admitted=admitted)
+            except (TypeError, ValueError):  # not JSON: the direct path below says what is wrong
+                pass
+            else:
+                return prepare_constraint(raw, type(self.engine), self.limits, admitted=admitted)
         return prepare_turn(
             tools, tool_choice, parallel_tool_calls, d, cov, type(self.engine), self.limits, admitted=admitted
         )
