@@ -15,7 +15,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import IO, Any, TypeAlias
 
-from hermes_vllm.dialect import DEFAULT_DIALECT, available_dialects
+from hermes_vllm.dialect import DEFAULT_DIALECT, Dialect, available_dialects
 
 SubParsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
@@ -205,7 +205,14 @@ def _add_convert(sub: SubParsers) -> None:
 def _run_template(args: argparse.Namespace) -> int:
     from hermes_vllm.formats.chat_template import chat_template
 
-    sys.stdout.write(chat_template(args.dialect))
+    dialect: str | Dialect = args.dialect
+    if args.tokenizer:
+        from transformers import AutoTokenizer
+
+        from hermes_vllm.formats.token_check import reserve_tokens
+
+        dialect = reserve_tokens(dialect, AutoTokenizer.from_pretrained(args.tokenizer))
+    sys.stdout.write(chat_template(dialect))
     return 0
 
 
@@ -215,6 +222,11 @@ def _add_template(sub: SubParsers) -> None:
         help="print a dialect's Jinja chat template (for vLLM's --chat-template)",
     )
     _dialect_option(p, "hermes")
+    p.add_argument(
+        "--tokenizer",
+        help="Hugging Face tokenizer directory or id: also escape every added or special token of it "
+        "(</s>, [INST], ...) in message text",
+    )
     p.set_defaults(run=_run_template)
 
 

@@ -63,7 +63,11 @@ def has_constraint(extra_args: Mapping[str, Any] | None) -> bool:
 
 
 @memoize_small(len)
-def _decode(raw: str) -> ConstraintRequest:
+def decode_constraint(raw: str) -> ConstraintRequest:
+    """The request that a constraint's JSON text (``constraint_args``' value) describes.
+
+    Raises ``ValueError`` naming the field that is malformed.
+    """
     try:
         data = json.loads(raw)
     except json.JSONDecodeError as err:
@@ -99,4 +103,4 @@ def parse_constraint(extra_args: Mapping[str, Any] | None) -> ConstraintRequest 
     raw = extra_args[ARGS_KEY]  # type: ignore[index]
     if not isinstance(raw, str):
         raise ValueError(f"{ARGS_KEY}: expected a JSON string, got {type(raw).__name__}")
-    return _decode(raw)
+    return decode_constraint(raw)

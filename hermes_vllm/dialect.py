@@ -54,6 +54,9 @@ class Dialect:
     thinking_switch: bool = False
     """``enable_thinking=False`` puts an empty first reasoning span after the generation prompt
     (Qwen 3), so the model answers without thinking."""
+    reserved: tuple[str, ...] = ()
+    """Strings that are no tag here but a tokenizer turns into control tokens (its added and special
+    tokens, :func:`hermes_vllm.formats.token_check.reserve_tokens`): escaped in message text too."""
 
     @property
     def free_spans(self) -> tuple[TagPair, ...]:
@@ -62,13 +65,14 @@ class Dialect:
 
     @property
     def control_strings(self) -> tuple[str, ...]:
-        """Every string that must not appear verbatim in rendered message text.
+        """The dialect's ChatML turn markers and tags, and the strings it reserves.
 
-        ChatML turn markers and every tag of the dialect: if user text could spell one, it
-        could forge a turn, a call, a tool response or a reasoning span.
+        If user text could spell one, it could forge a turn, a call, a tool response or a
+        reasoning span; message text is escaped for these and every built-in dialect's
+        (:func:`hermes_vllm.formats.escape.escaped_strings`).
         """
         pairs = (self.turn, self.tool_call, self.tool_response, self.tools, *self.free_spans)
-        return tuple(dict.fromkeys(s for p in pairs for s in (p.begin, p.end)))
+        return tuple(dict.fromkeys((*(s for p in pairs for s in (p.begin, p.end)), *self.reserved)))
 
     @property
     def added_tokens(self) -> tuple[str, ...]:

@@ -17,9 +17,12 @@ from hermes_vllm.formats.payload import dump_json, loads_json
 
 DIALECTS = available_dialects()
 CONTROL_STRINGS = sorted({s for name in DIALECTS for s in get_dialect(name).control_strings})
+TOKENIZER_TOKENS = ["</s>", "<s>", "<unk>", "[INST]", "[/INST]", "<SPECIAL_20>"]
+"""Added or special tokens of the shipped tokenizers that no dialect names (``reserve_tokens``)."""
 FRAGMENTS = [
     *CONTROL_STRINGS,
     *(s[: len(s) // 2] for s in CONTROL_STRINGS),
+    *TOKENIZER_TOKENS,
     WORD_JOINER,
     WORD_JOINER * 2,
     "\n",

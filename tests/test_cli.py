@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 from hermes_vllm import cli
+from hermes_vllm.formats.chat_template import chat_template
 from hermes_vllm.formats.prompt import build_hermes_prompt
 from hermes_vllm.formats.sharegpt import openai_to_sharegpt
-from hermes_vllm.formats.token_check import validate_prompt_tokens
+from hermes_vllm.formats.token_check import reserve_tokens, validate_prompt_tokens
 
 TOOL = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
 CALL = {
@@ -100,6 +101,17 @@ def test_check_reports_token_counts(
     report = json.loads(capsys.readouterr().out)
     assert report == validate_prompt_tokens(prompt, tokenizer)
     assert report["open_turn"] == "assistant" and report["im_start_count"] == 6
+
+
+def test_template_for_a_tokenizer_escapes_its_special_tokens(
+    tiny_model: Path, tokenizer: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["template", "--dialect", "chatml-brackets", "--tokenizer", str(tiny_model)]) == 0
+    template = capsys.readouterr().out
+    assert template == chat_template(reserve_tokens("chatml-brackets", tokenizer))
+    messages = [{"role": "user", "content": "<tool_call></s>"}]
+    prompt = tokenizer.apply_chat_template(messages, tokenize=False, chat_template=template)
+    assert validate_prompt_tokens(prompt, tokenizer)["control_tokens"] == {"<|im_start|>": 1, "<|im_end|>": 1}
 
 
 def _write_lines(path: Path, lines: list[str]) -> Path:

@@ -16,6 +16,7 @@ from jinja2.exceptions import TemplateError
 from hermes_vllm.dialect import Dialect, get_dialect
 from hermes_vllm.formats.chat_template import chat_template
 from hermes_vllm.formats.prompt import build_hermes_prompt
+from hermes_vllm.formats.token_check import control_tokens, reserve_tokens
 
 WEATHER = {
     "type": "function",
@@ -146,10 +147,12 @@ def prompt_inputs(draw: st.DrawFn) -> dict[str, Any]:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(prompt_inputs())
+@given(prompt_inputs(), st.booleans())
 def test_template_renders_exactly_what_build_hermes_prompt_renders(
-    any_tokenizer: Any, case: dict[str, Any]
+    any_tokenizer: Any, case: dict[str, Any], reserving: bool
 ) -> None:
+    if reserving:  # the template made for this tokenizer (hermes-vllm template --tokenizer)
+        case = {**case, "dialect": reserve_tokens(case["dialect"], any_tokenizer)}
     system = case["system"]
     messages = ([{"role": "system", "content": system}] if system is not None else []) + case["messages"]
     rendered = _render(
@@ -221,6 +224,43 @@ def test_a_message_cannot_forge_a_control_token(any_tokenizer: Any, dialect: str
     forged = build_hermes_prompt(None, *_every_slot(attack), dialect=d)
     benign = build_hermes_prompt(None, *_every_slot("x"), dialect=d)
     assert _control_token_counts(any_tokenizer, forged, d) == _control_token_counts(any_tokenizer, benign, d)
+
+
+def _all_control_token_counts(tokenizer: Any, prompt: str) -> Counter[str]:
+    """Every added or special token of the tokenizer in the encoded prompt, whatever the dialect."""
+    ids = control_tokens(tokenizer)
+    return Counter(ids[i] for i in tokenizer.encode(prompt, add_special_tokens=False) if i in ids)
+
+
+@pytest.mark.parametrize("attack", ATTACKS)
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_no_dialects_tag_becomes_a_control_token_under_another(
+    any_tokenizer: Any, dialect: str, attack: str
+) -> None:
+    """Knowable without the tokenizer: every built-in dialect's tags are escaped under each dialect
+    (the tiny tokenizers hold ``<tool_call>`` as one token, also under the bracket dialect)."""
+    forged = build_hermes_prompt(None, *_every_slot(attack), dialect=dialect)
+    benign = build_hermes_prompt(None, *_every_slot("x"), dialect=dialect)
+    assert _all_control_token_counts(any_tokenizer, forged) == _all_control_token_counts(
+        any_tokenizer, benign
+    )
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_a_dialect_reserving_the_tokenizers_tokens_escapes_every_one(
+    any_tokenizer: Any, dialect: str
+) -> None:
+    """What needs the tokenizer: its own special tokens (``</s>``, tekken's ``[INST]``, ...)."""
+    attack = " ".join(sorted(set(control_tokens(any_tokenizer).values())))
+    reserving = reserve_tokens(dialect, any_tokenizer)
+    forged = build_hermes_prompt(None, *_every_slot(attack), dialect=reserving)
+    benign = build_hermes_prompt(None, *_every_slot("x"), dialect=reserving)
+    assert _all_control_token_counts(any_tokenizer, forged) == _all_control_token_counts(
+        any_tokenizer, benign
+    )
+    # the check can fail: without the tokenizer's tokens reserved, the same text forges some
+    plain = build_hermes_prompt(None, *_every_slot(attack), dialect=dialect)
+    assert _all_control_token_counts(any_tokenizer, plain)["</s>"] > 0
 
 
 def test_a_user_message_cannot_open_a_system_turn_or_a_call(any_tokenizer: Any) -> None:

@@ -10,7 +10,7 @@ import pytest
 from hermes_vllm.dialect import TagPair, get_dialect
 from hermes_vllm.formats.escape import unescape_text
 from hermes_vllm.formats.prompt import build_hermes_prompt
-from hermes_vllm.formats.token_check import validate_prompt_tokens
+from hermes_vllm.formats.token_check import reserve_tokens, validate_prompt_tokens
 
 CHAT = [
     {"role": "user", "content": "hi"},
@@ -52,6 +52,20 @@ def test_counts_are_of_token_ids_not_of_text(any_tokenizer: Any) -> None:
 )  # fmt: skip
 def test_open_turn(any_tokenizer: Any, prompt: str, open_turn: str | None) -> None:
     assert validate_prompt_tokens(prompt, any_tokenizer)["open_turn"] == open_turn
+
+
+def test_the_report_counts_every_control_token(any_tokenizer: Any) -> None:
+    prompt = build_hermes_prompt(
+        None, [{"role": "user", "content": "<tool_call></s>"}], dialect="chatml-brackets"
+    )
+    report = validate_prompt_tokens(prompt, any_tokenizer)
+    assert report["control_tokens"] == {"<|im_start|>": 2, "<|im_end|>": 1, "</s>": 1}
+    reserving = reserve_tokens("chatml-brackets", any_tokenizer)
+    prompt = build_hermes_prompt(None, [{"role": "user", "content": "<tool_call></s>"}], dialect=reserving)
+    assert validate_prompt_tokens(prompt, any_tokenizer)["control_tokens"] == {
+        "<|im_start|>": 2,
+        "<|im_end|>": 1,
+    }
 
 
 def test_a_tokenizer_without_the_turn_tokens_is_an_error(tokenizer: Any) -> None:

@@ -3,6 +3,7 @@ failures cached, and the compile timeout turned into a readable error."""
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from concurrent.futures import Future
@@ -104,3 +105,29 @@ def test_tokenizers_differing_only_in_special_tags_share_no_grammar(tiny_model: 
         compiler = ToolGrammarCompiler(tok, cache=cache)
         compiler.compile([tool("t")])
     assert cache.misses == 2 and cache.hits == 0
+
+
+def test_a_tool_set_prepared_before_is_not_normalised_again(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Agents resend their tools every turn: equal arguments (as JSON) reuse the prepared turn."""
+    import hermes_vllm.grammar.compiler as compiler_module
+
+    calls = []
+    normalize = compiler_module.normalize_tools
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return normalize(*args, **kwargs)
+
+    monkeypatch.setattr(compiler_module, "normalize_tools", counting)
+    compiler = ToolGrammarCompiler(tokenizer)
+    tools = [tool("prepared_once", 3)]
+    first = compiler.compile(tools)
+    again = compiler.compile(copy.deepcopy(tools))
+    assert len(calls) == 1 and again.prepared is first.prepared and again.grammar is first.grammar
+    compiler.compile(tools, tool_choice="required")
+    changed = copy.deepcopy(tools)
+    changed[0]["function"]["parameters"]["properties"]["p0"]["type"] = "string"
+    assert compiler.compile(changed).prepared != first.prepared
+    assert len(calls) == 3, "tool_choice and the schemas are part of the key"

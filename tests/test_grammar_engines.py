@@ -431,6 +431,9 @@ def test_outlines_blow_ups_are_refused_before_compiling(tokenizer: Any) -> None:
     )
     with pytest.raises(ValueError, match="maxLength"):
         OutlinesEngine.check(long)
+    open_tuple = {"type": "object", "properties": {"v": KEYWORD_SCHEMAS["prefixItems"]}}  # no minItems
+    with pytest.raises(ValueError, match="'prefixItems' other than a closed tuple"):
+        OutlinesEngine.check(turn_spec(normalize_tools([tool(open_tuple)])))
     with pytest.raises(GrammarCompileError, match="maxItems"):
         compiler_for("outlines", tokenizer).compile([tool({"type": "object", "properties": {"v": big}})])
     open_json = {"type": "object", "properties": {f"v{i}": {} for i in range(3)}}
@@ -462,6 +465,35 @@ def test_xgrammar_takes_integral_floats_as_integers(tokenizer: Any) -> None:
     call = '<tool_call>{"name": "t", "arguments": {"v": [1, 2], "c": 2}}</tool_call>'
     assert grammar.matcher().accepts_text(call)
     assert not grammar.matcher().accepts_text(call.replace("[1, 2]", "[1, 2, 3]"))
+
+
+# Objects and arrays in `const`/`enum`, nested, each spelled compact, as `json.dumps` spaces it, and
+# wrong (a different value, or a gap over the whitespace bound).
+CONTAINER_VALUES = {
+    "v": {"const": {"a": False, "b": [1, {"c": None}]}},
+    "w": {"enum": ["x", [1, 2], {"d": []}]},
+}
+CONTAINER_CALLS = [
+    ('{"v": {"a": false, "b": [1, {"c": null}]}, "w": [1, 2]}', True),
+    ('{"v": {"a":false,"b":[1,{"c":null}]}, "w": {"d": []}}', True),
+    ('{"v": {"a": false, "b": [1, {"c": null}]}, "w": "x"}', True),
+    ('{"v": {"a": false, "b": [1, {"c": null}]}, "w": [1, 2, 3]}', False),
+    ('{"v": {"a": false, "b": [1, {"c": 0}]}, "w": "x"}', False),
+    ('{"v": {"a": false, "b": [1]}, "w": "x"}', False),
+    ('{"v": {"a": false, "b": [1, {"c": null}], "e": 1}, "w": "x"}', False),
+    ('{"v": {"a":  false, "b": [1, {"c": null}]}, "w": "x"}', False),
+]
+
+
+@pytest.mark.parametrize("engine", ENGINE_NAMES)
+@pytest.mark.parametrize(("args", "verdict"), CONTAINER_CALLS)
+def test_container_const_and_enum_take_the_whitespace_policy(
+    engine: str, args: str, verdict: bool, tokenizer: Any
+) -> None:
+    """An object or array value is one literal to engines (xgrammar took its compact spelling only)."""
+    params = {"type": "object", "properties": CONTAINER_VALUES, "required": ["v", "w"]}
+    grammar = compiler_for(engine, tokenizer).compile([tool(params, "t")])
+    assert grammar.matcher().accepts_text(hermes("t", args)) is verdict
 
 
 # --- the outlines free-text regex -------------------------------------------------------------------

@@ -313,6 +313,24 @@ def _explicit(schema: dict[str, Any]) -> dict[str, Any]:
             [{"a": 1}, {"a": 1, "b": 2}, {"a": 1, "c": 2}, {"b": 2}],
         ),
         ({"type": "array", "prefixItems": [{"type": "integer"}]}, [[1, "x", None], ["x"], []]),
+        (
+            {"const": {"b": [1, {}], "a": [], "c": {"d": 2.0}}},
+            [
+                {"a": [], "b": [1.0, {}], "c": {"d": 2}},
+                {"b": [1, {}], "a": [], "c": {"d": 2, "e": 3}},
+                {"b": [1, {}, 2], "a": [], "c": {"d": 2}},
+                {"b": [1], "a": [], "c": {"d": 2}},
+                {"b": [1, {"x": 1}], "a": [], "c": {"d": 2}},
+                {"b": [1, {}], "a": [0], "c": {"d": 2}},
+                {"b": [1, {}], "a": {}, "c": {"d": 2}},
+                {"b": [1, {}], "c": {"d": 2}},
+                [1],
+            ],
+        ),
+        (
+            {"type": ["array", "string"], "minItems": 2, "enum": ["s", 3, [1], [1, [2]], {"a": 1}]},
+            ["s", 3, [1], [1, [2]], [1, [2.0]], [[2], 1], {"a": 1}, [1, 2], []],
+        ),
     ],
 )
 def test_rewrites_are_exact(schema: dict[str, Any], instances: list[Any]) -> None:
@@ -338,6 +356,17 @@ def test_rewrites_spell_out_what_engines_get_wrong() -> None:
     assert "oneOf" in _explicit({"oneOf": [{"type": "integer"}, {"type": "number"}]})  # 1 matches both
     assert "allOf" in _explicit({"allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]})
     assert "format" not in _explicit({"type": "string", "format": "email"})
+    # an object or array value becomes its structure (engines read a container const as one literal)
+    assert _explicit({"type": "object", "const": {"a": [1]}}) == {
+        "type": "object",
+        "properties": {"a": {"type": "array", "prefixItems": [{"const": 1}], "minItems": 1, "items": False}},
+        "required": ["a"],
+        "additionalProperties": False,
+    }
+    assert _explicit({"enum": [1, []]}) == {"anyOf": [{"enum": [1]}, {"type": "array", "maxItems": 0}]}
+    deep = embed_as_value({"const": [[[1]]]})
+    make_explicit("t", deep, max_depth=3)  # the structure would nest deeper than a tool may: kept
+    assert deep["$defs"][ROOT_DEF] == {"const": [[[1]]]}
 
 
 def test_unsatisfiable_schemas_are_refused_or_left_out(compiler: ToolGrammarCompiler) -> None:

@@ -2,7 +2,9 @@
 
 One server per dialect (hermes on the 32k tokenizer, the bracket dialect on the 131k one), with
 nothing but the documented flags: ``--enable-auto-tool-choice --tool-call-parser NAME
---reasoning-parser NAME`` (plus ``--chat-template`` for the bracket dialect). The requests are
+--reasoning-parser NAME`` plus ``--chat-template``: the shipped template for the bracket dialect,
+and for hermes the one ``hermes-vllm template --tokenizer`` writes, which also escapes the
+tokenizer's own special tokens (``</s>``). The requests are
 plain ``tools=[...]`` requests. The random-weight model writes garbage; ``logit_bias`` makes it
 open calls and close JSON strings often, and the constraint decides everything else. All the
 requests of a server are sent at once so the engine batches them.
@@ -24,9 +26,11 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from hermes_vllm.dialect import Dialect, get_dialect
+from hermes_vllm.dialect import Dialect, available_dialects, get_dialect
 from hermes_vllm.formats.chat_template import chat_template
+from hermes_vllm.formats.escape import escaped_strings
 from hermes_vllm.formats.payload import parse_call_payload
+from hermes_vllm.formats.token_check import control_tokens, reserve_tokens
 from hermes_vllm.parsers import PARSERS
 from hermes_vllm.spans import split_spans
 from hermes_vllm.testing import tiny_model_path
@@ -36,6 +40,7 @@ from hermes_vllm.testing.server import CPU_ARGS, CPU_ENV, openai_server
 pytestmark = pytest.mark.server
 
 NAME_OF = {dialect: name for name, dialect in PARSERS.items()}
+DIALECTS = available_dialects()
 TOKENIZER_OF = {"hermes": "mistral-v1", "chatml-brackets": "tekken"}
 SCHEMAS = {
     "get_weather": {
@@ -81,6 +86,9 @@ class Served:
     log: Path
     tag_is_one_token: bool
     replies: dict[tuple[str, bool, bool], Reply]
+    template_dialect: Dialect
+    """What the served template escapes: every built-in dialect's tags (the bracket server's, the
+    shipped template), and the tokenizer's own tokens too on the hermes server (``reserve_tokens``)."""
 
 
 async def _fold_stream(served: Served, chunks: Any) -> Reply:
@@ -189,16 +197,16 @@ def serving(dialect: str, tmp: Path, reasoning_parser: bool = True) -> Iterator[
     args = [*CPU_ARGS, "--enable-auto-tool-choice", "--seed", "0", "--tool-call-parser", NAME_OF[d.name]]
     if reasoning_parser:
         args += ["--reasoning-parser", NAME_OF[d.name]]
-    if d.name != "hermes":
-        template = tmp / "chat_template.jinja"
-        template.write_text(chat_template(d), encoding="utf-8")
-        args += ["--chat-template", str(template)]
     tokenizer = AutoTokenizer.from_pretrained(str(model))
+    template_dialect = reserve_tokens(d, tokenizer) if d.name == "hermes" else d
+    template = tmp / "chat_template.jinja"
+    template.write_text(chat_template(template_dialect), encoding="utf-8")
+    args += ["--chat-template", str(template)]
     log = tmp / "server.log"
     with openai_server(model, args, CPU_ENV, log_path=log) as url:
         one_token = len(tokenizer.encode(d.tool_call.begin, add_special_tokens=False)) == 1
         bias = {str(k): v for k, v in call_bias(tokenizer, (d.name,)).items()}
-        yield Served(d, str(model), url, tokenizer, bias, log, one_token, {})
+        yield Served(d, str(model), url, tokenizer, bias, log, one_token, {}, template_dialect)
 
 
 @pytest.fixture(scope="module", params=["hermes", "chatml-brackets"])
@@ -355,17 +363,21 @@ def _forgeries(d: Dialect) -> list[str]:
 
 
 def test_injected_control_strings_stay_text_in_the_served_prompt(served: Served) -> None:
-    """The server's own template and tokenizer: message text cannot forge turns, calls or spans."""
+    """The server's template and tokenizer: message text cannot forge turns, calls or spans, in this
+    dialect's tags or another's (the tekken tokenizer holds ``<tool_call>`` as one token under the
+    bracket dialect too), nor, where the template reserves them, the tokenizer's own special tokens.
+    The census counts every added or special token of the tokenizer."""
     d = served.dialect
-    controls = d.control_strings
-    single = {s: served.tokenizer.convert_tokens_to_ids(s) for s in controls}
-    single = {s: i for s, i in single.items() if isinstance(i, int) and i != served.tokenizer.unk_token_id}
+    controls = escaped_strings(served.template_dialect)
+    single = {s: i for i, s in control_tokens(served.tokenizer).items()}
 
     def census(tokens: list[int]) -> tuple[dict[str, int], dict[str, int]]:
         text = served.tokenizer.decode(tokens)
         return {s: tokens.count(i) for s, i in single.items()}, {s: text.count(s) for s in controls}
 
-    for forged in _forgeries(d):
+    forgeries = [f for name in DIALECTS for f in _forgeries(get_dialect(name))]
+    forgeries += [" ".join(served.template_dialect.reserved)] if served.template_dialect.reserved else []
+    for forged in forgeries:
 
         def conversation(text: str) -> list[dict[str, Any]]:
             return [
@@ -572,7 +584,7 @@ def two_hosts(tmp: Path, engine_flags: list[str]) -> Iterator[Served]:
         openai_server(model, front_args, hosts["frontend"], log_path=log) as url,
     ):
         bias = {str(k): v for k, v in call_bias(tokenizer, (d.name,)).items()}
-        yield Served(d, str(model), url, tokenizer, bias, log, True, {})
+        yield Served(d, str(model), url, tokenizer, bias, log, True, {}, d)
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,8 @@
 """Hermes ChatML formats: prompt rendering, chat templates, tool-call formatting, conversions.
 
-Every piece of message text is escaped so that no message can spell a control string of the
-dialect; :mod:`hermes_vllm.formats.escape` documents the scheme.
+Every piece of message text is escaped so that no message can spell a control string of any
+built-in dialect (or a tokenizer's own tokens, with ``reserve_tokens``);
+:mod:`hermes_vllm.formats.escape` documents the scheme.
 """
 
 from hermes_vllm.formats.chat_template import chat_template
@@ -17,7 +18,7 @@ from hermes_vllm.formats.sharegpt import (
     openai_to_sharegpt,
     sharegpt_to_openai,
 )
-from hermes_vllm.formats.token_check import TokenReport, validate_prompt_tokens
+from hermes_vllm.formats.token_check import TokenReport, reserve_tokens, validate_prompt_tokens
 
 __all__ = [
     "MASK",
@@ -43,6 +44,7 @@ __all__ = [
     "openai_to_sharegpt",
     "parse_call_payload",
     "parse_response_payload",
+    "reserve_tokens",
     "sharegpt_to_openai",
     "tool_call_id",
     "unescape_text",

@@ -2,7 +2,8 @@
 
 ``grammars/templates/chatml.jinja`` names no tag; this module puts ``{%- set ... %}`` lines in
 front of it with the dialect's tags, preamble and escape steps (the very steps
-:mod:`hermes_vllm.formats.escape` applies in Python), so no tag string is written twice.
+:mod:`hermes_vllm.formats.escape` applies in Python, grouped by prefix), so no tag string is
+written twice.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from functools import cache
 from importlib import resources
 
 from hermes_vllm.dialect import Dialect, get_dialect
-from hermes_vllm.formats.escape import json_escape_steps, text_escape_steps
+from hermes_vllm.formats.escape import Step, json_escape_steps, text_escape_steps
 from hermes_vllm.formats.system import SEPARATOR, preamble_parts
 
 TEMPLATE_FILE = "chatml.jinja"
@@ -21,6 +22,33 @@ TEMPLATE_FILE = "chatml.jinja"
 def _literal(value: object) -> str:
     """A Jinja literal for ``value``: JSON strings, lists and booleans are valid Jinja."""
     return json.dumps(value, ensure_ascii=False)
+
+
+GROUP_SIZE = 32
+"""Most steps under one guard (see :func:`_grouped`)."""
+
+
+def _common_prefix(a: str, b: str) -> str:
+    return a[: next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))]
+
+
+def _grouped(steps: tuple[Step, ...]) -> list[tuple[str, list[Step]]]:
+    """Runs of at most :data:`GROUP_SIZE` consecutive steps, each under its ``old`` strings' common prefix.
+
+    The template skips a run whose prefix the text does not hold (each of its replacements would
+    find nothing), so the replacements made are exactly the list's. A tokenizer's reserved tokens
+    can be a thousand steps (tekken's ``<SPECIAL_n>``) and a Jinja replace step costs tens of
+    microseconds in the sandbox, so a run ends where its prefix would shrink below two characters
+    (a lone ``<`` is in too much text).
+    """
+    groups: list[tuple[str, list[Step]]] = []
+    for old, new in steps:
+        prefix = _common_prefix(groups[-1][0], old) if groups else ""
+        if len(prefix) < 2 or len(groups[-1][1]) == GROUP_SIZE:
+            groups.append((old, [(old, new)]))
+        else:
+            groups[-1] = (prefix, [*groups[-1][1], (old, new)])
+    return groups
 
 
 def template_variables(dialect: str | Dialect = "hermes") -> dict[str, object]:
@@ -44,8 +72,8 @@ def template_variables(dialect: str | Dialect = "hermes") -> dict[str, object]:
         "preamble_head": head,
         "preamble_tail": tail,
         "system_separator": SEPARATOR,
-        "text_escapes": [list(step) for step in text_escape_steps(d)],
-        "json_escapes": [list(step) for step in json_escape_steps(d)],
+        "text_escapes": _grouped(text_escape_steps(d)),
+        "json_escapes": _grouped(json_escape_steps(d)),
     }
 
 

@@ -1,8 +1,12 @@
-"""Neutralise a dialect's control strings in rendered message text, reversibly.
+"""Neutralise control strings in rendered message text, reversibly.
 
 vLLM re-tokenises a rendered chat template with special tokens enabled, so the prompt TEXT must
-never spell a control string (``Dialect.control_strings``: the turn markers and every tag) where
-a message put it, or a user could forge a system turn, a tool call or a tool response.
+never spell a control string where a message put it, or a user could forge a system turn, a tool
+call or a tool response. The strings escaped (:func:`escaped_strings`) are the dialect's turn
+markers and tags, those of every built-in dialect (a tokenizer may hold another dialect's tags as
+single tokens: Hermes tokenizers turn ``<tool_call>`` into one token under the bracket dialect too),
+and the strings the dialect reserves for a tokenizer (its own added and special tokens, which only
+the tokenizer knows: :func:`hermes_vllm.formats.token_check.reserve_tokens`).
 
 Free text (message content) gets a WORD JOINER (U+2060: invisible, no meaning) after the first
 character of every control-string occurrence. To stay reversible, a WORD JOINER that already
@@ -24,10 +28,11 @@ applies exactly the same steps (:mod:`hermes_vllm.formats.chat_template` injects
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from functools import cache
 
-from hermes_vllm.dialect import Dialect, get_dialect
+from hermes_vllm.dialect import Dialect, available_dialects, get_dialect
 
 WORD_JOINER = "\u2060"
 
@@ -39,16 +44,52 @@ Step = tuple[str, str]
 _JSON_ESCAPE_CHARS = frozenset('"\\/bfnrtu0123456789abcdefABCDEF')
 
 
-def _first_chars(d: Dialect) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(p[0] for p in d.control_strings))
+# What JSON text may hold outside strings: a string made of these alone (or holding a quote) could
+# sit in the structure, where an escape would change the JSON.
+_JSON_STRUCTURE_CHARS = frozenset('{}[],: \t\n\r-+.0123456789eEtrufalsn"')
+
+
+def escapable(text: str) -> bool:
+    """Whether a WORD JOINER after the first character breaks every occurrence of ``text``.
+
+    It must have two characters or more and no border (no proper prefix that is also a suffix:
+    ``<s>`` has none, ``aa`` or ``<x<`` do), so that no two occurrences overlap and one pass of
+    ``str.replace`` reaches them all; and no WORD JOINER.
+    """
+    return (
+        len(text) > 1
+        and WORD_JOINER not in text
+        and not any(text[:k] == text[-k:] for k in range(1, len(text)))
+    )
+
+
+def _json_escapable(text: str) -> bool:
+    """Whether ``text`` can only occur inside a JSON string, and not inside an escape there."""
+    return text[0] not in _JSON_ESCAPE_CHARS and '"' not in text and not set(text) <= _JSON_STRUCTURE_CHARS
+
+
+@cache
+def _builtin_control_strings() -> tuple[str, ...]:
+    return tuple(dict.fromkeys(s for name in available_dialects() for s in get_dialect(name).control_strings))
+
+
+def escaped_strings(dialect: str | Dialect = "hermes") -> tuple[str, ...]:
+    """What message text must never spell: the dialect's control strings (its tags and reserved
+    strings), then every built-in dialect's (see the module docstring)."""
+    d = get_dialect(dialect)
+    return tuple(dict.fromkeys((*d.control_strings, *_builtin_control_strings())))
+
+
+def _first_chars(strings: Iterable[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(p[0] for p in strings))
 
 
 @cache
 def text_escape_steps(dialect: str | Dialect = "hermes") -> tuple[Step, ...]:
     """The replacements :func:`escape_text` applies, in order."""
-    d = get_dialect(dialect)
-    doubled = tuple((c + WORD_JOINER, c + WORD_JOINER * 2) for c in _first_chars(d))
-    return doubled + tuple((p, p[0] + WORD_JOINER + p[1:]) for p in d.control_strings)
+    strings = escaped_strings(dialect)
+    doubled = tuple((c + WORD_JOINER, c + WORD_JOINER * 2) for c in _first_chars(strings))
+    return doubled + tuple((p, p[0] + WORD_JOINER + p[1:]) for p in strings)
 
 
 @cache
@@ -64,12 +105,18 @@ def _json_unicode_escape(char: str) -> str:
 
 @cache
 def json_escape_steps(dialect: str | Dialect = "hermes") -> tuple[Step, ...]:
-    """The replacements :func:`escape_json_text` applies, in order."""
+    """The replacements :func:`escape_json_text` applies, in order.
+
+    A reserved string that could sit in the JSON structure or inside an escape is left out
+    (no known tokenizer has one; ``validate_prompt_tokens`` counts what reaches the model).
+    """
     d = get_dialect(dialect)
-    unsafe = [p for p in d.control_strings if p[0] in _JSON_ESCAPE_CHARS]
+    tags = escaped_strings(dataclasses.replace(d, reserved=()))
+    unsafe = [p for p in tags if p[0] in _JSON_ESCAPE_CHARS]
     if unsafe:
         raise ValueError(f"dialect {d.name!r}: control strings {unsafe} start with a JSON escape character")
-    return tuple((p, _json_unicode_escape(p[0]) + p[1:]) for p in d.control_strings)
+    strings = [*tags, *(p for p in d.reserved if p not in tags and _json_escapable(p))]
+    return tuple((p, _json_unicode_escape(p[0]) + p[1:]) for p in strings)
 
 
 def apply_steps(text: str, steps: Iterable[Step]) -> str:

@@ -7,9 +7,11 @@ as vLLM does with a rendered chat template.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, TypedDict
 
 from hermes_vllm.dialect import Dialect, get_dialect
+from hermes_vllm.formats.escape import escapable, escaped_strings
 
 
 class TokenReport(TypedDict):
@@ -19,6 +21,37 @@ class TokenReport(TypedDict):
     balanced: bool
     open_turn: str | None
     """Role of a final turn left open (``"assistant"`` after a generation prompt), else None."""
+    control_tokens: dict[str, int]
+    """Each added or special token of the tokenizer found in the prompt, and how often: what the
+    rendering put there (turn markers, tags) and nothing a message could spell."""
+
+
+def control_tokens(tokenizer: Any) -> dict[int, str]:
+    """Every token id the tokenizer gives to an added or special token, with its text.
+
+    Text spelling one of these becomes that token when vLLM encodes a rendered prompt.
+    """
+    decoder = getattr(tokenizer, "added_tokens_decoder", {})
+    out = {int(i): str(getattr(t, "content", t)) for i, t in decoder.items()}
+    for token in getattr(tokenizer, "all_special_tokens", ()):
+        token_id = tokenizer.convert_tokens_to_ids(token)
+        if isinstance(token_id, int):
+            out.setdefault(token_id, token)
+    return out
+
+
+def reserve_tokens(dialect: str | Dialect, tokenizer: Any) -> Dialect:
+    """``dialect``, also escaping each string ``tokenizer`` turns into an added or special token.
+
+    The shipped template knows every dialect's tags but no tokenizer (``</s>``, ``[INST]``); render
+    with this dialect (``build_hermes_prompt``, ``chat_template``, ``hermes-vllm template
+    --tokenizer``) so that no message can spell one of them either. Strings the escape cannot break
+    (one character, or overlapping themselves) are left out.
+    """
+    d = get_dialect(dialect)
+    known = set(escaped_strings(d))
+    extra = sorted(s for s in set(control_tokens(tokenizer).values()) if s not in known and escapable(s))
+    return dataclasses.replace(d, reserved=(*d.reserved, *extra))
 
 
 def special_token_id(tokenizer: Any, token: str) -> int:
@@ -41,10 +74,16 @@ def validate_prompt_tokens(prompt: str, tokenizer: Any, dialect: str | Dialect =
         header = tokenizer.decode(ids[starts[-1] + 1 :])
         open_turn = header.split("\n", 1)[0].strip()
     im_end_count = ids.count(end_id)
+    controls = control_tokens(tokenizer)
+    found: dict[str, int] = {}
+    for token_id in ids:
+        if token_id in controls:
+            found[controls[token_id]] = found.get(controls[token_id], 0) + 1
     return {
         "total_tokens": len(ids),
         "im_start_count": len(starts),
         "im_end_count": im_end_count,
         "balanced": len(starts) == im_end_count,
         "open_turn": open_turn,
+        "control_tokens": found,
     }

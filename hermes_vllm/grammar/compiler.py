@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from hermes_vllm.dialect import Dialect, get_dialect
+from hermes_vllm.constraint import ARGS_KEY, constraint_args, decode_constraint
+from hermes_vllm.dialect import Dialect, available_dialects, get_dialect
 from hermes_vllm.grammar.cache import GrammarCache
 from hermes_vllm.grammar.engines import get_engine_class
 from hermes_vllm.grammar.engines.base import (
@@ -25,6 +26,7 @@ from hermes_vllm.grammar.engines.base import (
     allocate_bitmask,
 )
 from hermes_vllm.grammar.turn import TurnSpec, turn_spec
+from hermes_vllm.memo import memoize_small
 from hermes_vllm.schema import Coverage, ToolSpec, check_coverage, normalize_tools
 from hermes_vllm.settings import Limits, get_limits
 from hermes_vllm.spans import read_tail
@@ -78,6 +80,24 @@ def prepare_turn(
         needs_validation,
         spec.tools,
     )
+
+
+@memoize_small(lambda raw, *args, **kwargs: len(raw))
+def prepare_constraint(
+    raw: str, engine: type[GrammarEngine], limits: Limits, *, admitted: bool = False
+) -> PreparedTurn:
+    """:func:`prepare_turn` of a constraint's JSON text (what :func:`constraint_args` writes), memoised.
+
+    The one memo of prepared turns, keyed by that text: the logits processor passes a request's
+    ``extra_args`` text, :meth:`ToolGrammarCompiler.prepare` the same JSON of its arguments. Agents
+    resend the same tools with every turn, and preparing them again (normalising, rewriting,
+    coverage) costs milliseconds for a large tool set.
+    """
+    request = decode_constraint(raw)
+    return prepare_turn(
+        list(request.tools), request.tool_choice, request.parallel_tool_calls, request.dialect,
+        request.coverage, engine, limits, admitted=admitted,
+    )  # fmt: skip
 
 
 class ToolCallMatcher:
@@ -331,11 +351,23 @@ class ToolGrammarCompiler:
         *,
         admitted: bool = False,
     ) -> PreparedTurn:
-        """Validate and normalise a request (synchronous); raises :class:`ToolSchemaError`."""
+        """Validate and normalise a request (synchronous); raises :class:`ToolSchemaError`.
+
+        Memoised by the JSON of the arguments (:func:`prepare_constraint`) where they are JSON and
+        name a built-in dialect; anything else is prepared directly, which explains what is wrong.
+        """
+        d, cov = get_dialect(dialect or self.dialect), coverage or self.coverage
+        built_in = d.name in available_dialects() and get_dialect(d.name) == d
+        if isinstance(tools, (list, tuple)) and built_in and cov in ("strict", "lenient"):
+            try:
+                raw = constraint_args(tools, tool_choice, parallel_tool_calls, d.name, cov)[ARGS_KEY]
+            except (TypeError, ValueError):  # not JSON: the direct path below says what is wrong
+                pass
+            else:
+                return prepare_constraint(raw, type(self.engine), self.limits, admitted=admitted)
         return prepare_turn(
-            tools, tool_choice, parallel_tool_calls, dialect or self.dialect, coverage or self.coverage,
-            type(self.engine), self.limits, admitted=admitted,
-        )  # fmt: skip
+            tools, tool_choice, parallel_tool_calls, d, cov, type(self.engine), self.limits, admitted=admitted
+        )
 
     def submit(self, prepared: PreparedTurn) -> Future[EngineGrammar]:
         """Start (or join) the compile of ``prepared`` on the background pool."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Literal
 
 import xgrammar as xgr
@@ -38,6 +39,11 @@ class TurnSpec:
 
     def key(self) -> str:
         """Canonical text of the spec: equal specs compile to equal grammars."""
+        return self._key
+
+    @cached_property
+    def _key(self) -> str:
+        """Written once per spec: a prepared turn is reused by every request that resends its tools."""
         tools = [[t.name, t.parameters] for t in self.tools]
         return canonical_json([self.dialect.name, self.mode, self.parallel, self.max_whitespace, tools])
 

@@ -25,7 +25,6 @@ its compile had finished, so every tensor-parallel worker applies the same masks
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -39,10 +38,15 @@ import xgrammar as xgr
 from hermes_vllm.constraint import ConstraintRequest, parse_constraint
 from hermes_vllm.dialect import Dialect
 from hermes_vllm.grammar import GrammarCompileError, ToolGrammarCompiler
-from hermes_vllm.grammar.compiler import CompiledToolGrammar, PreparedTurn, ToolCallMatcher, prepare_turn
+from hermes_vllm.grammar.compiler import (
+    CompiledToolGrammar,
+    PreparedTurn,
+    ToolCallMatcher,
+    prepare_constraint,
+)
 from hermes_vllm.grammar.engines import get_engine_class
 from hermes_vllm.grammar.engines.base import EngineGrammar, allocate_bitmask
-from hermes_vllm.memo import ENTRIES, MAX_CHARS, memoize_small
+from hermes_vllm.memo import memoize_small
 from hermes_vllm.settings import get_limits
 from hermes_vllm.spans import read_tail
 
@@ -65,11 +69,7 @@ def validate_request(extra_args: Any, engine: str) -> ConstraintRequest | None:
 def _validate(request: ConstraintRequest, engine: str) -> None:
     """Cached by the request's constraint: agents resend the same tools with every turn."""
     engine_cls = get_engine_class(engine)
-    prepared = prepare_turn(
-        list(request.tools), request.tool_choice, request.parallel_tool_calls, request.dialect,
-        request.coverage, engine_cls, get_limits(),
-    )  # fmt: skip
-    engine_cls.check(prepared.spec)
+    engine_cls.check(prepare_constraint(request.raw, engine_cls, get_limits()).spec)
 
 
 @dataclass(slots=True)
@@ -122,7 +122,6 @@ class ConstraintCore:
         self._quiet_holds: np.ndarray | None = None
         """Tokens holding a byte any quiet row watches (the union over the dialects seen)."""
         self._quiet_watches: set[bytes] = set()
-        self._prepared: OrderedDict[str, PreparedTurn] = OrderedDict()
 
     @cached_property
     def compiler(self) -> ToolGrammarCompiler:
@@ -155,19 +154,9 @@ class ConstraintCore:
         request = parse_constraint(extra_args)
         if request is None:
             return None
-        prepared = self._prepared.get(request.raw)
-        if prepared is None:
-            # vLLM ran validate_params on admission: the metaschema check need not run again.
-            prepared = self.compiler.prepare(
-                list(request.tools), request.tool_choice, request.parallel_tool_calls, request.dialect,
-                request.coverage, admitted=True,
-            )  # fmt: skip
-            if len(request.raw) <= MAX_CHARS:  # recent tool sets: agents resend the same tools
-                self._prepared[request.raw] = prepared
-                if len(self._prepared) > ENTRIES:
-                    self._prepared.popitem(last=False)
-        else:
-            self._prepared.move_to_end(request.raw)
+        # vLLM ran validate_params on admission: the metaschema check need not run again.
+        compiler = self.compiler
+        prepared = prepare_constraint(request.raw, type(compiler.engine), compiler.limits, admitted=True)
         stops = tuple(dict.fromkeys((*self.compiler.vocab.stop_token_ids, *stop_token_ids)))
         gated = prepared.spec.mode == "auto" and self.compiler.vocab.gate_allowed(prepared.spec.dialect)
         state = RowState(request, prepared, self.compiler.submit(prepared), stops, gated)

@@ -22,6 +22,7 @@ from jsonschema import Draft202012Validator
 
 from hermes_vllm.schema.spec import JSON, ToolSchemaError, pointer
 from hermes_vllm.schema.tree import CONSTRAINING, iter_subschemas, resolve_ref
+from hermes_vllm.settings import Limits
 
 logger = logging.getLogger(__name__)
 
@@ -285,17 +286,19 @@ def _at(schema: JSON, path: Sequence[str | int]) -> JSON:
     return schema
 
 
-def _filter_values(tool: str, schema: JSON) -> None:
+def _filter_values(tool: str, schema: JSON) -> set[tuple[str | int, ...]]:
     """Drop ``enum`` values that the keywords beside them reject (engines ignore those keywords).
 
     A ``const`` or ``enum`` left without a value admits nothing. An optional property of a closed
     object with such a schema can never be sent, so it leaves the grammar (exact under our object
     policy, where an undeclared key is refused; logged at INFO:
     tool sets in the wild write ``{"type": "boolean", "enum": ["True", "False"]}``); anywhere else
-    the schema is refused.
+    the schema is refused. Returns the paths where every value left was checked against the
+    keywords beside it: there those keywords say nothing more (see :func:`_values_as_structure`).
     """
     validator = Draft202012Validator(schema)
     empty: list[tuple[str | int, ...]] = []
+    checked: set[tuple[str | int, ...]] = set()
     for path, sub in iter_subschemas(schema):
         others = {k: v for k, v in sub.items() if k not in ("enum", "const")}
         if not ({"enum", "const"} & sub.keys() and assertion_keywords(others)):
@@ -306,6 +309,8 @@ def _filter_values(tool: str, schema: JSON) -> None:
                 sub["enum"] = [v for v in sub["enum"] if check.is_valid(v)]
             if not sub.get("enum", True) or ("const" in sub and not check.is_valid(sub["const"])):
                 empty.append(path)
+            else:
+                checked.add(path)
         except Exception:  # a reference jsonschema cannot follow: left to the engine and coverage check
             continue
     for path in empty:
@@ -324,6 +329,75 @@ def _filter_values(tool: str, schema: JSON) -> None:
             pointer(("parameters", *path, keyword)),
             f"no value of {keyword!r} satisfies the keywords beside it: no call can satisfy this schema",
         )
+    return checked
+
+
+def _value_depth(value: JSON) -> int:
+    """Nesting depth of a JSON value (a scalar is 0, ``[1]`` is 1)."""
+    if isinstance(value, dict):
+        return 1 + max(map(_value_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_value_depth, value), default=0)
+    return 0
+
+
+def structure_of(value: JSON) -> JSON:
+    """A schema admitting exactly the values equal to ``value``, spelled out member by member.
+
+    Equal as JSON Schema compares (``1`` is ``1.0``, key order is free): an object has every key
+    ``required`` and no other, an array is a closed tuple of exactly its length, scalars stay
+    ``const``. Written this way an engine applies its whitespace policy inside the value; a
+    container ``const`` is one literal to engines, which admit only its compact spelling.
+    """
+    if isinstance(value, dict):
+        properties = {k: structure_of(v) for k, v in value.items()}
+        out: dict[str, JSON] = {"type": "object", "properties": properties}
+        if value:
+            out["required"] = list(value)
+        out["additionalProperties"] = False
+        return out
+    if isinstance(value, list):
+        if not value:
+            return {"type": "array", "maxItems": 0}
+        items = [structure_of(v) for v in value]
+        return {"type": "array", "prefixItems": items, "minItems": len(value), "items": False}
+    return {"const": value}
+
+
+def _escaped(part: str | int) -> str:
+    return str(part).replace("~", "~0").replace("/", "~1")
+
+
+def _values_as_structure(schema: JSON, checked: set[tuple[str | int, ...]], max_depth: int) -> None:
+    """A ``const``/``enum`` holding objects or arrays -> :func:`structure_of` (an ``anyOf`` for enums).
+
+    Only where nothing else constrains the value (no keyword beside it, or every value checked
+    against them by :func:`_filter_values`, so that they are implied and dropped; the root keeps
+    its ``type: object``), where no ``$ref`` points into what is replaced, and where the result
+    stays within the nesting a tool may have (``max_depth``, as ``normalize_tool`` counts it);
+    elsewhere the value keeps its compact spelling, which is sound.
+    """
+    refs = [sub["$ref"] for _, sub in iter_subschemas(schema) if isinstance(sub.get("$ref"), str)]
+    for path, sub in list(iter_subschemas(schema)):
+        values = [sub["const"]] if "const" in sub else sub.get("enum")
+        if not isinstance(values, list) or not any(isinstance(v, (dict, list)) for v in values):
+            continue
+        others = [k for k in assertion_keywords(sub) if k not in ("enum", "const") and (path or k != "type")]
+        if others and path not in checked:
+            continue
+        here = "#" + "".join(f"/{_escaped(p)}" for p in path)
+        replaced = [f"{here}/{k}" for k in ("const", "enum", *others)]
+        if any(r == k or r.startswith(k + "/") for r in refs for k in replaced):
+            continue
+        scalars = [v for v in values if not isinstance(v, (dict, list))]
+        branches = [structure_of(v) for v in values if isinstance(v, (dict, list))]
+        branches = [{"enum": scalars}, *branches] if scalars else branches
+        extra = 0 if len(branches) == 1 else 2  # anyOf/<i>
+        if len(path) + extra + 2 * max(map(_value_depth, values)) > 2 * max_depth:
+            continue
+        for key in ("const", "enum", *others):
+            sub.pop(key, None)
+        sub.update(branches[0] if len(branches) == 1 else {"anyOf": branches})
 
 
 def search_as_full_match(pattern: str) -> str | None:
@@ -438,15 +512,18 @@ def object_root(schema: dict[str, JSON]) -> None:
     schema["type"] = "object"
 
 
-def make_explicit(tool: str, schema: JSON) -> None:
-    """Apply every exact rewrite above to a tool's parameters, in place, in dependency order."""
+def make_explicit(tool: str, schema: JSON, max_depth: int = Limits.max_schema_depth) -> None:
+    """Apply every exact rewrite above to a tool's parameters, in place, in dependency order.
+
+    ``max_depth`` is the tool's nesting limit (``Limits.max_schema_depth``).
+    """
     _merge_all_of(schema)
     _one_of_as_any_of(schema)
     _distribute_any_of(schema)
     _explicit_types(schema)
     open_containers(schema)
     _declare_required(tool, schema)
-    _filter_values(tool, schema)
+    _values_as_structure(schema, _filter_values(tool, schema), max_depth)
     _full_match_patterns(schema)
     _drop_formats(schema)
     _drop_annotations(schema)

@@ -162,7 +162,7 @@ def normalize_tool(
     object_root(params)
     _check_refs(name, params)
     _check_bounds(name, params, limits)
-    make_explicit(name, params)
+    make_explicit(name, params, limits.max_schema_depth)
     _check_refs(name, params)
     description = fn.get("description")
     return ToolSpec(

@@ -33,7 +33,7 @@ _MISTRAL_FILES: dict[str, tuple[str, str]] = {
     "tekken": ("tekken_240911.json", "tekken.json"),
 }
 # Bump when the layout below changes, so cached builds are rebuilt.
-BUILD_VERSION = 2
+BUILD_VERSION = 3
 PADDING_LOGIT = -1e4
 """About the logit every padding id (>= the tokenizer's length) gets at every position."""
 

@@ -27,7 +27,9 @@ and BFCL; strict coverage refuses the keywords, :meth:`OutlinesEngine.check` the
   ``additionalProperties`` beside ``properties`` (the object is closed) and all but one type of a
   type list beside object/array keywords: the bounds are not supported (strict coverage refuses,
   lenient validates calls after generation); ``check`` refuses the other two.
-  ``prefixItems`` (it requires every prefix item), ``allOf`` and ``oneOf`` are not supported, nor
+  ``prefixItems`` only as a closed tuple (``minItems`` its length, ``items: false``, how
+  ``schema.rewrite.structure_of`` spells an array ``const``): outlines-core requires every prefix
+  item and ignores ``items``, so ``check`` refuses open ones. ``allOf`` and ``oneOf`` are not supported, nor
   ``pattern``: outlines-core pastes it into the JSON string unescaped, so a pattern that can match
   a quote lets the model write invalid JSON, and an unanchored one (``b``, which JSON Schema
   searches for) made a 1.8 GB index.
@@ -67,7 +69,7 @@ logger = logging.getLogger(__name__)
 OUTLINES_KEYWORDS = frozenset(
     {
         "type", "enum", "const", "properties", "required", "additionalProperties",
-        "items", "minItems", "maxItems", "anyOf", "$ref", "$defs", "definitions",
+        "items", "prefixItems", "minItems", "maxItems", "anyOf", "$ref", "$defs", "definitions",
     }
 )  # fmt: skip
 MAX_ITEMS_BOUND = 64
@@ -204,7 +206,7 @@ def _turn_regex(turn: TurnSpec) -> str:
 
 
 _CONTAINER_KEYWORDS = frozenset(
-    {"properties", "required", "additionalProperties", "items", "minItems", "maxItems"}
+    {"properties", "required", "additionalProperties", "items", "prefixItems", "minItems", "maxItems"}
 )
 
 
@@ -217,6 +219,12 @@ def _refusal(sub: dict[str, Any]) -> str | None:
         bound = sub.get(key)
         if isinstance(bound, (int, float)) and bound > MAX_ITEMS_BOUND:
             return f"{key!r} {bound} exceeds the outlines engine's limit of {MAX_ITEMS_BOUND}"
+    prefix = sub.get("prefixItems")
+    if isinstance(prefix, list) and not (sub.get("items") is False and sub.get("minItems") == len(prefix)):
+        return (
+            "'prefixItems' other than a closed tuple (minItems its length, items false): "
+            "outlines-core requires every prefix item and ignores 'items'"
+        )
     extra = sub.get("additionalProperties", False)
     if "properties" in sub and extra is not False:
         return "'additionalProperties' beside 'properties' is ignored by outlines-core (it closes the object)"
