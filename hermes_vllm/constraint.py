@@ -58,13 +58,30 @@ def constraint_args(
     return {ARGS_KEY: json.dumps(payload, ensure_ascii=False, separators=(",", ":"))}
 
 
-def special_tags(tokenizer: Any, dialect: str | Dialect = DEFAULT_DIALECT) -> frozenset[str]:
-    """The dialect's parsed tags (call, reasoning, hidden) that ``tokenizer`` has as special tokens.
+def special_tags(tokenizer: Any, *dialects: str | Dialect) -> frozenset[str]:
+    """The dialects' parsed tags (call, reasoning, hidden) that ``tokenizer`` has as special tokens
+    (the default dialect's when none is named).
 
     vLLM's default ``skip_special_tokens=True`` drops those from the text, so no parser finds
     the spans they open (Hermes 3 has its tags on special slots; Hermes 2 Pro and Qwen do not).
     """
-    return get_dialect(dialect).parsed_tags & frozenset(tokenizer.all_special_tokens)
+    tags = frozenset().union(*(get_dialect(d).parsed_tags for d in dialects or (DEFAULT_DIALECT,)))
+    return tags & frozenset(tokenizer.all_special_tokens)
+
+
+def check_special_tags(request: ConstraintRequest, skip_special: bool, special: frozenset[str]) -> None:
+    """Refuse a request whose tags ``skip_special`` (its ``skip_special_tokens``) would strip from
+    the text: no call could be read.
+
+    ``special`` is what :func:`special_tags` found on the engine's tokenizer.
+    """
+    stripped = get_dialect(request.dialect).parsed_tags & special if skip_special else frozenset()
+    if stripped:
+        raise ValueError(
+            f"this model's tokenizer has {', '.join(sorted(stripped))} as special tokens, which "
+            "skip_special_tokens=True strips from the text, so no call could be read: set "
+            "SamplingParams(skip_special_tokens=False), e.g. with hermes_vllm.sampling_options(...)"
+        )
 
 
 def sampling_options(

@@ -160,7 +160,14 @@ def chat_prompt(
     return prompt
 
 
-def test_special_tag_replies_parse_with_sampling_options(tiny_model_llama31: Path) -> None:
+@pytest.fixture(scope="module")
+def llm_llama31(tiny_model_llama31: Path) -> Any:
+    from hermes_vllm.testing.engine import offline_llm
+
+    return offline_llm(tiny_model_llama31)
+
+
+def test_special_tag_replies_parse_with_sampling_options(llm_llama31: Any) -> None:
     """Hermes 3 has its call tags on special slots: vLLM's default ``skip_special_tokens=True``
     would strip them (no reply would parse); ``sampling_options`` keeps them. The test is about
     the text, not about which opening the model takes: the call tag is favoured (unfavoured, the
@@ -168,9 +175,8 @@ def test_special_tag_replies_parse_with_sampling_options(tiny_model_llama31: Pat
     from vllm import SamplingParams
 
     from hermes_vllm import sampling_options
-    from hermes_vllm.testing.engine import offline_llm
 
-    llm = offline_llm(tiny_model_llama31)
+    llm = llm_llama31
     tok = llm.get_tokenizer()
     tool_sets = bfcl_tool_sets(4)
     bias = call_bias(tok, ("hermes",))
@@ -227,3 +233,20 @@ def test_qwen3_replies_are_schema_valid_under_its_own_template_and_ours(tiny_mod
             if isinstance(choice, dict):
                 assert name == choice["function"]["name"]
             jsonschema.validate(arguments, schemas[name])
+
+
+def test_special_tags_without_skip_special_tokens_false_are_refused(llm_llama31: Any) -> None:
+    """``constraint_args`` alone keeps vLLM's ``skip_special_tokens=True``: on Hermes 3's tokenizer
+    no call could be read, so the request is refused, saying what to set; the engine keeps serving."""
+    from vllm import SamplingParams
+    from vllm.exceptions import VLLMValidationError
+
+    from hermes_vllm import sampling_options
+
+    tools = bfcl_tool_sets(1)[0]
+    with pytest.raises(VLLMValidationError, match=r"<tool_call>.*skip_special_tokens=False"):
+        llm_llama31.generate([PROMPT], SamplingParams(max_tokens=4, extra_args=constraint_args(tools)))
+    options = sampling_options(llm_llama31.get_tokenizer(), tools)
+    assert options["skip_special_tokens"] is False
+    (out,) = llm_llama31.generate([PROMPT], SamplingParams(max_tokens=4, **options), use_tqdm=False)
+    assert len(out.outputs[0].token_ids) == 4
