@@ -197,7 +197,33 @@ def test_special_tag_replies_parse_with_sampling_options(llm_llama31: Any) -> No
             jsonschema.validate(arguments, schemas[name])
 
 
-def test_qwen3_replies_are_schema_valid_under_its_own_template_and_ours(tiny_model_qwen3: Path) -> None:
+def test_special_tags_without_skip_special_tokens_false_are_refused(llm_llama31: Any) -> None:
+    """``constraint_args`` alone keeps vLLM's ``skip_special_tokens=True``: on Hermes 3's tokenizer
+    no call could be read, so the request is refused, saying what to set; the engine keeps serving."""
+    from vllm import SamplingParams
+    from vllm.exceptions import VLLMValidationError
+
+    from hermes_vllm import sampling_options
+
+    tools = bfcl_tool_sets(1)[0]
+    with pytest.raises(VLLMValidationError, match=r"<tool_call>.*skip_special_tokens=False"):
+        llm_llama31.generate([PROMPT], SamplingParams(max_tokens=4, extra_args=constraint_args(tools)))
+    options = sampling_options(llm_llama31.get_tokenizer(), tools)
+    assert options["skip_special_tokens"] is False
+    (out,) = llm_llama31.generate([PROMPT], SamplingParams(max_tokens=4, **options), use_tqdm=False)
+    assert len(out.outputs[0].token_ids) == 4
+
+
+@pytest.fixture(scope="module")
+def llm_qwen3(tiny_model_qwen3: Path) -> Any:
+    """Module-scoped like the others: an engine freed mid-module tears down the process-wide
+    parallel state the engines still alive need."""
+    from hermes_vllm.testing.engine import offline_llm
+
+    return offline_llm(tiny_model_qwen3)
+
+
+def test_qwen3_replies_are_schema_valid_under_its_own_template_and_ours(llm_qwen3: Any) -> None:
     """Qwen 3's tokenizer (151,936-wide logits, plain-token tags) behind Qwen 3's own template and
     our ``qwen`` one, with and without thinking. The call tag is favoured as in the tests above:
     this one is about the tokenizer and the templates, not about which opening a random model
@@ -206,9 +232,8 @@ def test_qwen3_replies_are_schema_valid_under_its_own_template_and_ours(tiny_mod
 
     from hermes_vllm import sampling_options
     from hermes_vllm.formats.chat_template import chat_template
-    from hermes_vllm.testing.engine import offline_llm
 
-    llm = offline_llm(tiny_model_qwen3)
+    llm = llm_qwen3
     tok = llm.get_tokenizer()
     tool_sets = bfcl_tool_sets(8)
     bias = call_bias(tok, ("qwen",))
@@ -233,20 +258,3 @@ def test_qwen3_replies_are_schema_valid_under_its_own_template_and_ours(tiny_mod
             if isinstance(choice, dict):
                 assert name == choice["function"]["name"]
             jsonschema.validate(arguments, schemas[name])
-
-
-def test_special_tags_without_skip_special_tokens_false_are_refused(llm_llama31: Any) -> None:
-    """``constraint_args`` alone keeps vLLM's ``skip_special_tokens=True``: on Hermes 3's tokenizer
-    no call could be read, so the request is refused, saying what to set; the engine keeps serving."""
-    from vllm import SamplingParams
-    from vllm.exceptions import VLLMValidationError
-
-    from hermes_vllm import sampling_options
-
-    tools = bfcl_tool_sets(1)[0]
-    with pytest.raises(VLLMValidationError, match=r"<tool_call>.*skip_special_tokens=False"):
-        llm_llama31.generate([PROMPT], SamplingParams(max_tokens=4, extra_args=constraint_args(tools)))
-    options = sampling_options(llm_llama31.get_tokenizer(), tools)
-    assert options["skip_special_tokens"] is False
-    (out,) = llm_llama31.generate([PROMPT], SamplingParams(max_tokens=4, **options), use_tqdm=False)
-    assert len(out.outputs[0].token_ids) == 4
