@@ -1,7 +1,12 @@
-"""Compile and mask-fill cost of each grammar engine over the BFCL tool sets, on the 32k and 131k tokenizers.
+"""Compile and mask-fill cost of each grammar engine over the BFCL tool sets, per tokenizer.
 
-    python benchmarks/compile.py [--engines xgrammar,llguidance,outlines] [--tokenizers mistral-v1,tekken]
-        [--limit N] [--engine-limit outlines=20] [--out benchmarks/results/compile.json]
+    python benchmarks/compile.py [--engines xgrammar,llguidance,outlines]
+        [--tokenizers mistral-v1,tekken,qwen3,llama3.1] [--limit N] [--engine-limit outlines=20]
+        [--out benchmarks/results/compile.json]
+
+Tokenizers are the tiny models' (:data:`hermes_vllm.testing.tiny_model.TOKENIZER_NAMES`): 32k
+Mistral v1, 131k tekken, Qwen 3 (151,669 tokens in 151,936-wide logits, ``qwen`` dialect), Llama
+3.1 (128k, Hermes 3's tags as special tokens). The vocabulary is as wide as the model's logits.
 
 Per engine and tokenizer, over the distinct tool sets of every ``BFCL_v4_*.json`` file (or an evenly
 spread ``--limit`` of them), in lenient coverage so that every engine compiles what it can:
@@ -45,6 +50,7 @@ from hermes_vllm.schema import canonical_json
 from hermes_vllm.testing import tiny_model_path
 from hermes_vllm.testing.corpus import BfclCase, bfcl_files, load_bfcl
 from hermes_vllm.testing.soundness import call_text, ground_truth_arguments
+from hermes_vllm.testing.tiny_model import DIALECT_OF, TOKENIZER_NAMES
 
 RESULTS = Path(__file__).parent / "results"
 DEFAULT_ENGINE = "xgrammar"
@@ -182,9 +188,14 @@ def summarise(results: Sequence[SetResult], ids: set[str] | None = None) -> dict
 def run(engine: str, tokenizer_name: str, cases: Sequence[BfclCase]) -> list[SetResult]:
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_path(tokenizer_name)))  # type: ignore[arg-type]
+    model = tiny_model_path(tokenizer_name)  # type: ignore[arg-type]
+    tokenizer = AutoTokenizer.from_pretrained(str(model))
+    width = json.loads((model / "config.json").read_text(encoding="utf-8"))["vocab_size"]
     cache: GrammarCache[EngineGrammar] = GrammarCache(2 << 30, 1, lambda g: g.memory_bytes)
-    compiler = ToolGrammarCompiler(tokenizer, engine=engine, coverage="lenient", cache=cache)
+    dialect = DIALECT_OF.get(tokenizer_name, "hermes")
+    compiler = ToolGrammarCompiler(
+        tokenizer, engine=engine, dialect=dialect, vocab_size=width, coverage="lenient", cache=cache
+    )
     span = (
         tokenizer.convert_tokens_to_ids(compiler.dialect.tool_call.begin),
         tokenizer.convert_tokens_to_ids(compiler.dialect.tool_call.end),
@@ -342,6 +353,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("hermes_vllm").setLevel(logging.ERROR)
     limits = {e: int(n) for e, n in (item.split("=") for item in args.engine_limit)}
     engines, tokenizers = args.engines.split(","), args.tokenizers.split(",")
+    unknown = set(tokenizers) - set(TOKENIZER_NAMES)
+    if unknown:
+        parser.error(f"unknown tokenizers {sorted(unknown)}; choose from {', '.join(TOKENIZER_NAMES)}")
     all_cases = tool_sets(args.limit)
     start = time.perf_counter()
     results: dict[tuple[str, str], list[SetResult]] = {}

@@ -10,8 +10,11 @@ concurrent tool-call requests (default 16), the servers taking turns: our proces
 ``hermes`` parser, no constraint), on (``hermes_vllm``), and vLLM's own structural-tag constraint
 (``--tool-call-parser hermes --tool-strict-level parameter``), each figure a ratio to "off".
 
-Usage: python benchmarks/processor.py [--tokenizer mistral-v1|tekken] [--steps 30] [--e2e [--passes 6]]
-    [--first-token] [--out DIR]
+Usage: python benchmarks/processor.py [--tokenizer mistral-v1|tekken|qwen3|qwen2.5|llama3.1] [--steps 30]
+    [--e2e [--passes 6]] [--first-token] [--out DIR]
+
+On ``qwen3`` / ``qwen2.5`` the constraint and the servers use the ``qwen`` dialect
+(``hermes_vllm_qwen``; vLLM's own Qwen setup is its ``hermes`` parser), over 151,936-wide logits.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import statistics
 import time
 from pathlib import Path
 from typing import Any
+
+from hermes_vllm.testing.tiny_model import DIALECT_OF, TOKENIZER_NAMES
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
@@ -66,7 +71,7 @@ def measure(
     free_prefix = tok.encode(FREE_PREFIX, add_special_tokens=False)
     in_string = tok.encode("x", add_special_tokens=False)[-1]
     free_word = tok.encode(" word", add_special_tokens=False)[-1]
-    args = constraint_args(TOOLS)
+    args = constraint_args(TOOLS, dialect=DIALECT_OF.get(tokenizer_name, "hermes"))
     results = []
     for batch in batch_sizes:
         for share in shares:
@@ -117,6 +122,12 @@ E2E_SERVERS: dict[str, tuple[str, ...]] = {
 }
 
 
+def e2e_servers(tokenizer_name: str) -> dict[str, tuple[str, ...]]:
+    """:data:`E2E_SERVERS` with our parser for the tokenizer's dialect."""
+    ours = {"qwen": "hermes_vllm_qwen"}.get(DIALECT_OF.get(tokenizer_name, "hermes"), "hermes_vllm")
+    return {n: tuple(ours if a == "hermes_vllm" else a for a in flags) for n, flags in E2E_SERVERS.items()}
+
+
 def end_to_end(
     tokenizer_name: str, concurrency: int, rounds: int, max_tokens: int, passes: int
 ) -> list[dict[str, Any]]:
@@ -165,11 +176,12 @@ def end_to_end(
         wall = time.perf_counter() - start
         return sum(counts), wall, server_usage(url).cpu_seconds - cpu
 
-    names = list(E2E_SERVERS)
+    servers = e2e_servers(tokenizer_name)
+    names = list(servers)
     samples: dict[str, list[tuple[int, float, float]]] = {name: [] for name in names}
     with ExitStack() as stack:
         urls = {
-            n: stack.enter_context(openai_server(model, (*E2E_SERVERS[n], *CPU_ARGS), CPU_ENV)) for n in names
+            n: stack.enter_context(openai_server(model, (*servers[n], *CPU_ARGS), CPU_ENV)) for n in names
         }
         for name in names:  # warm-up: compiles, caches
             asyncio.run(burst(urls[name], concurrency, 0))
@@ -266,7 +278,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokenizer", default="tekken", choices=["mistral-v1", "tekken"])
+    parser.add_argument("--tokenizer", default="tekken", choices=TOKENIZER_NAMES)
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64, 256])
     parser.add_argument("--share", type=float, nargs="+", default=[0.0, 0.25, 1.0])
     parser.add_argument("--steps", type=int, default=30)

@@ -5,7 +5,7 @@ grammar) -> per-request matcher -> :mod:`~hermes_vllm.processor` (one batch mask
 Importing this package does not import vLLM.
 """
 
-from hermes_vllm.constraint import constraint_args
+from hermes_vllm.constraint import constraint_args, sampling_options
 from hermes_vllm.dialect import Dialect, available_dialects, get_dialect
 
-__all__ = ["Dialect", "available_dialects", "constraint_args", "get_dialect"]
+__all__ = ["Dialect", "available_dialects", "constraint_args", "get_dialect", "sampling_options"]

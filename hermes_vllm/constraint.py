@@ -1,8 +1,9 @@
 """What a request carries to ask for tool-call constraints: ``SamplingParams.extra_args``.
 
 The tool parser fills it from ``vllm_xargs`` on the server; offline users call
-:func:`constraint_args`. ``vllm_xargs`` only carries str/int/float/list values, so the whole
-constraint travels as one JSON string under one key.
+:func:`sampling_options` (or :func:`constraint_args` for ``extra_args`` alone). ``vllm_xargs``
+only carries str/int/float/list values, so the whole constraint travels as one JSON string under
+one key.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hermes_vllm.dialect import DEFAULT_DIALECT, available_dialects
+from hermes_vllm.dialect import DEFAULT_DIALECT, Dialect, available_dialects, get_dialect
 from hermes_vllm.memo import memoize_small
 from hermes_vllm.schema import Coverage
 
@@ -55,6 +56,54 @@ def constraint_args(
         "coverage": coverage,
     }
     return {ARGS_KEY: json.dumps(payload, ensure_ascii=False, separators=(",", ":"))}
+
+
+def special_tags(tokenizer: Any, *dialects: str | Dialect) -> frozenset[str]:
+    """The dialects' parsed tags (call, reasoning, hidden) that ``tokenizer`` has as special tokens
+    (the default dialect's when none is named).
+
+    vLLM's default ``skip_special_tokens=True`` drops those from the text, so no parser finds
+    the spans they open (Hermes 3 has its tags on special slots; Hermes 2 Pro and Qwen do not).
+    """
+    tags = frozenset().union(*(get_dialect(d).parsed_tags for d in dialects or (DEFAULT_DIALECT,)))
+    return tags & frozenset(tokenizer.all_special_tokens)
+
+
+def check_special_tags(request: ConstraintRequest, skip_special: bool, special: frozenset[str]) -> None:
+    """Refuse a request whose tags ``skip_special`` (its ``skip_special_tokens``) would strip from
+    the text: no call could be read.
+
+    ``special`` is what :func:`special_tags` found on the engine's tokenizer.
+    """
+    stripped = get_dialect(request.dialect).parsed_tags & special if skip_special else frozenset()
+    if stripped:
+        raise ValueError(
+            f"this model's tokenizer has {', '.join(sorted(stripped))} as special tokens, which "
+            "skip_special_tokens=True strips from the text, so no call could be read: set "
+            "SamplingParams(skip_special_tokens=False), e.g. with hermes_vllm.sampling_options(...)"
+        )
+
+
+def sampling_options(
+    tokenizer: Any,
+    tools: Sequence[Any],
+    tool_choice: Any = "auto",
+    parallel_tool_calls: bool = True,
+    dialect: str = DEFAULT_DIALECT,
+    coverage: Coverage = "strict",
+) -> dict[str, Any]:
+    """Keyword arguments for ``SamplingParams`` that constrain an offline request's tool calls
+    and keep its tags in the text: ``SamplingParams(max_tokens=..., **sampling_options(...))``.
+
+    ``extra_args`` as :func:`constraint_args` makes them, plus ``skip_special_tokens=False``
+    when a tag is a special token of ``tokenizer`` (the server's tool parser does the same).
+    """
+    options: dict[str, Any] = {
+        "extra_args": constraint_args(tools, tool_choice, parallel_tool_calls, dialect, coverage)
+    }
+    if special_tags(tokenizer, dialect):
+        options["skip_special_tokens"] = False
+    return options
 
 
 def has_constraint(extra_args: Mapping[str, Any] | None) -> bool:

@@ -75,6 +75,11 @@ class Dialect:
         return tuple(dict.fromkeys((*(s for p in pairs for s in (p.begin, p.end)), *self.reserved)))
 
     @property
+    def parsed_tags(self) -> frozenset[str]:
+        """The tags the parsers must see in the text: call tags and the free spans' tags."""
+        return frozenset(t for p in (self.tool_call, *self.free_spans) for t in (p.begin, p.end))
+
+    @property
     def added_tokens(self) -> tuple[str, ...]:
         """Tags a tokenizer for this dialect would typically add as single tokens."""
         pairs = (self.tool_call, self.tool_response, *self.free_spans)

@@ -18,7 +18,6 @@ from vllm.tool_parsers import ToolParserManager
 from hermes_vllm.constraint import ARGS_KEY, constraint_args
 from hermes_vllm.dialect import get_dialect
 from hermes_vllm.parsers import PARSERS, register_parsers
-from hermes_vllm.parsers.shared import parsed_tags
 from hermes_vllm.plugin import register
 from hermes_vllm.processor.core import validate_request
 from hermes_vllm.processor.handshake import ENV as HANDSHAKE_ENV
@@ -126,7 +125,7 @@ def test_special_token_tags_are_kept_in_the_text(tiny_model: Path) -> None:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
-    tags = sorted(parsed_tags(get_dialect("hermes")))
+    tags = sorted(get_dialect("hermes").parsed_tags)
     tokenizer.add_special_tokens({"additional_special_tokens": tags})
     for request in (adjusted("hermes_vllm", tokenizer, tools=[WEATHER]), adjusted("hermes_vllm", tokenizer)):
         assert request.to_sampling_params(64, {}).skip_special_tokens is False

@@ -147,3 +147,114 @@ def test_auto_mode_leaves_free_text_alone_until_a_call_opens(llm: Any, tokenizer
     assert calls, "with the call token favoured, some request must have called a tool"
     for name, arguments in calls:
         jsonschema.validate(arguments, schemas[name])
+
+
+def chat_prompt(
+    tokenizer: Any, tools: list[dict[str, Any]], template: str | None = None, **kwargs: Any
+) -> str:
+    """The generation prompt ``tokenizer``'s chat template (or ``template``) renders for one user turn."""
+    messages = [{"role": "user", "content": "Please help."}]
+    prompt: str = tokenizer.apply_chat_template(
+        messages, tools=tools, chat_template=template, tokenize=False, add_generation_prompt=True, **kwargs
+    )
+    return prompt
+
+
+@pytest.fixture(scope="module")
+def llm_llama31(tiny_model_llama31: Path) -> Any:
+    from hermes_vllm.testing.engine import offline_llm
+
+    return offline_llm(tiny_model_llama31)
+
+
+def test_special_tag_replies_parse_with_sampling_options(llm_llama31: Any) -> None:
+    """Hermes 3 has its call tags on special slots: vLLM's default ``skip_special_tokens=True``
+    would strip them (no reply would parse); ``sampling_options`` keeps them. The test is about
+    the text, not about which opening the model takes: the call tag is favoured (unfavoured, the
+    random model spells ``<think>`` out of allowed pieces as often and thinks until max_tokens)."""
+    from vllm import SamplingParams
+
+    from hermes_vllm import sampling_options
+
+    llm = llm_llama31
+    tok = llm.get_tokenizer()
+    tool_sets = bfcl_tool_sets(4)
+    bias = call_bias(tok, ("hermes",))
+    params = [
+        SamplingParams(
+            temperature=1.0, max_tokens=500, logit_bias=bias, **sampling_options(tok, tools, "required")
+        )
+        for i, tools in enumerate(tool_sets)
+    ]
+    prompts = [chat_prompt(tok, tools) for tools in tool_sets]
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    for tools, out in zip(tool_sets, outputs, strict=True):
+        text = out.outputs[0].text
+        calls = parse_calls(text, "hermes", finished=out.outputs[0].finish_reason != "length")
+        assert calls, f"no call in {text[:300]!r}"
+        schemas = {s.name: s.parameters for s in (normalize_tool(t, i) for i, t in enumerate(tools))}
+        for name, arguments in calls:
+            jsonschema.validate(arguments, schemas[name])
+
+
+def test_special_tags_without_skip_special_tokens_false_are_refused(llm_llama31: Any) -> None:
+    """``constraint_args`` alone keeps vLLM's ``skip_special_tokens=True``: on Hermes 3's tokenizer
+    no call could be read, so the request is refused, saying what to set; the engine keeps serving."""
+    from vllm import SamplingParams
+    from vllm.exceptions import VLLMValidationError
+
+    from hermes_vllm import sampling_options
+
+    tools = bfcl_tool_sets(1)[0]
+    with pytest.raises(VLLMValidationError, match=r"<tool_call>.*skip_special_tokens=False"):
+        llm_llama31.generate([PROMPT], SamplingParams(max_tokens=4, extra_args=constraint_args(tools)))
+    options = sampling_options(llm_llama31.get_tokenizer(), tools)
+    assert options["skip_special_tokens"] is False
+    (out,) = llm_llama31.generate([PROMPT], SamplingParams(max_tokens=4, **options), use_tqdm=False)
+    assert len(out.outputs[0].token_ids) == 4
+
+
+@pytest.fixture(scope="module")
+def llm_qwen3(tiny_model_qwen3: Path) -> Any:
+    """Module-scoped like the others: an engine freed mid-module tears down the process-wide
+    parallel state the engines still alive need."""
+    from hermes_vllm.testing.engine import offline_llm
+
+    return offline_llm(tiny_model_qwen3)
+
+
+def test_qwen3_replies_are_schema_valid_under_its_own_template_and_ours(llm_qwen3: Any) -> None:
+    """Qwen 3's tokenizer (151,936-wide logits, plain-token tags) behind Qwen 3's own template and
+    our ``qwen`` one, with and without thinking. The call tag is favoured as in the tests above:
+    this one is about the tokenizer and the templates, not about which opening a random model
+    takes (unfavoured, it spells ``<think>`` from allowed pieces and thinks until max_tokens)."""
+    from vllm import SamplingParams
+
+    from hermes_vllm import sampling_options
+    from hermes_vllm.formats.chat_template import chat_template
+
+    llm = llm_qwen3
+    tok = llm.get_tokenizer()
+    tool_sets = bfcl_tool_sets(8)
+    bias = call_bias(tok, ("qwen",))
+    prompts, params, choices = [], [], []
+    for i, tools in enumerate(tool_sets):
+        template = None if i % 2 else chat_template("qwen")
+        prompts.append(chat_prompt(tok, tools, template, enable_thinking=bool(i % 4 < 2)))
+        choice: Any = "required" if i % 3 else {"type": "function", "function": {"name": tools[0]["name"]}}
+        choices.append(choice)
+        options = sampling_options(tok, tools, choice, dialect="qwen")
+        assert "skip_special_tokens" not in options  # Qwen's tags are plain added tokens
+        params.append(SamplingParams(temperature=1.0, max_tokens=500, logit_bias=bias, **options))
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    vocab = len(tok)
+    for tools, choice, out in zip(tool_sets, choices, outputs, strict=True):
+        assert max(out.outputs[0].token_ids) < vocab, "a padding id was sampled"
+        text = out.outputs[0].text
+        calls = parse_calls(text, "qwen", finished=out.outputs[0].finish_reason != "length")
+        assert calls, f"no call in {text[:300]!r}"
+        schemas = {s.name: s.parameters for s in (normalize_tool(t, i) for i, t in enumerate(tools))}
+        for name, arguments in calls:
+            if isinstance(choice, dict):
+                assert name == choice["function"]["name"]
+            jsonschema.validate(arguments, schemas[name])

@@ -6,13 +6,9 @@ from typing import Any
 
 from vllm.entrypoints.generate.base.protocol import DeltaMessage, DeltaToolCall
 
+from hermes_vllm.constraint import special_tags
 from hermes_vllm.dialect import Dialect
 from hermes_vllm.parsers.span_stream import Released
-
-
-def parsed_tags(dialect: Dialect) -> frozenset[str]:
-    """The tags the parsers must see: call tags and the reasoning and hidden span tags."""
-    return frozenset(t for p in (dialect.tool_call, *dialect.free_spans) for t in (p.begin, p.end))
 
 
 def keep_special_tags(request: Any, tokenizer: Any, dialect: Dialect) -> None:
@@ -24,7 +20,7 @@ def keep_special_tags(request: Any, tokenizer: Any, dialect: Dialect) -> None:
     ``to_sampling_params`` resolves to the model's default (skipping, unless its generation config
     says otherwise).
     """
-    if parsed_tags(dialect) & set(tokenizer.all_special_tokens):
+    if special_tags(tokenizer, dialect):
         request.skip_special_tokens = False
 
 

@@ -7,6 +7,8 @@ import os
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from hermes_vllm.constraint import special_tags
+from hermes_vllm.dialect import available_dialects
 from hermes_vllm.processor import handshake, remote
 from hermes_vllm.processor.core import ConstraintCore
 
@@ -57,6 +59,8 @@ def core_for_config(
         engine_name(),
         device.type == "cuda",
     )
-    handshake.announce(runner)
+    tokenizer = _load_tokenizer(vllm_config)  # vLLM caches it: the core's later load is free
+    tags = special_tags(tokenizer, *available_dialects()) if tokenizer is not None else frozenset()
+    handshake.announce(runner, special_tags=tags)
     logger.info("hermes-vllm tool-call constraints active (%s runner, %s engine)", runner, core.engine)
     return core

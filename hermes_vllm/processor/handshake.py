@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 ENV = "HERMES_VLLM_HANDSHAKE_DIR"
 
@@ -27,14 +29,17 @@ def ensure_dir() -> Path:
     return Path(path)
 
 
-def announce(runner: str, error: str | None = None) -> None:
-    """Record that a processor was built in this process (or why it cannot constrain)."""
-    note = {"runner": runner, "pid": os.getpid(), "error": error}
-    (ensure_dir() / f"{runner}-{os.getpid()}.json").write_text(json.dumps(note), encoding="utf-8")
+def announce(runner: str, error: str | None = None, special_tags: Iterable[str] = ()) -> None:
+    """Record that a processor was built in this process (or why it cannot constrain), and which
+    dialect tags the engine's tokenizer has as special tokens (the frontend cannot load it)."""
+    note = {"runner": runner, "pid": os.getpid(), "error": error, "special_tags": sorted(special_tags)}
+    target = ensure_dir() / f"{runner}-{os.getpid()}.json"
+    staging = target.with_suffix(".tmp")
+    staging.write_text(json.dumps(note), encoding="utf-8")
+    os.replace(staging, target)  # a rename: the directory's mtime tells readers a note changed
 
 
-def status() -> tuple[bool, str]:
-    """(active, detail): whether some processor announced itself without an error."""
+def _notes() -> list[dict[str, Any]]:
     path = os.environ.get(ENV)
     notes = []
     if path and Path(path).is_dir():
@@ -43,6 +48,33 @@ def status() -> tuple[bool, str]:
                 notes.append(json.loads(f.read_text(encoding="utf-8")))
             except (OSError, json.JSONDecodeError):
                 continue
+    return notes
+
+
+_tags_seen: tuple[tuple[str, int], frozenset[str]] | None = None
+
+
+def announced_special_tags() -> frozenset[str]:
+    """The dialect tags the active processors' tokenizer has as special tokens.
+
+    Read on every constrained request, so it is cached until a processor announces itself again
+    (one ``stat`` per call): an engine built later in the same process replaces the earlier note.
+    """
+    global _tags_seen
+    path = os.environ.get(ENV)
+    try:
+        key = (path or "", os.stat(path).st_mtime_ns if path else 0)
+    except OSError:
+        key = (path or "", 0)
+    if _tags_seen is None or _tags_seen[0] != key:
+        tags = frozenset(t for n in _notes() if not n.get("error") for t in n.get("special_tags", ()))
+        _tags_seen = (key, tags)
+    return _tags_seen[1]
+
+
+def status() -> tuple[bool, str]:
+    """(active, detail): whether some processor announced itself without an error."""
+    notes = _notes()
     errors = [n["error"] for n in notes if n.get("error")]
     if any(not n.get("error") for n in notes):
         return True, ""

@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsProcessor as V2LogitsProcessor
 
+from hermes_vllm.constraint import check_special_tags
 from hermes_vllm.processor.config import core_for_config, engine_name
 from hermes_vllm.processor.core import RowState, validate_request
-from hermes_vllm.processor.handshake import status
+from hermes_vllm.processor.handshake import announced_special_tags, status
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -44,6 +45,7 @@ def validate_constraint(params: SamplingParams) -> None:
         if not active:
             raise ValueError(f"hermes-vllm cannot constrain this request's tool calls: {detail}")
         _active_seen = True
+    check_special_tags(request, params.skip_special_tokens, announced_special_tags())
 
 
 def _is_v1_construction(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:

@@ -32,6 +32,8 @@ _MISTRAL_FILES: dict[str, tuple[str, str]] = {
     "mistral-v1": ("tokenizer.model.v1", "tokenizer.model"),
     "tekken": ("tekken_240911.json", "tekken.json"),
 }
+DIALECT_OF: dict[str, str] = {"qwen3": "qwen", "qwen2.5": "qwen"}
+"""The dialect a tiny model's template writes, where it is not ``hermes``."""
 # Bump when the layout below changes, so cached builds are rebuilt.
 BUILD_VERSION = 3
 PADDING_LOGIT = -1e4
