@@ -31,7 +31,7 @@ from hermes_vllm.formats.payload import dump_json
 from hermes_vllm.formats.prompt import build_hermes_prompt
 from hermes_vllm.formats.system import system_body
 from hermes_vllm.testing.artifacts import Artifact, fetch
-from hermes_vllm.testing.qwen import qwen3_chat_template
+from hermes_vllm.testing.registry_tokenizers import qwen3_chat_template
 
 QWEN = get_dialect("qwen")
 

