@@ -3,7 +3,9 @@
 Each row commits one token per step: rows "in a span" sit inside a tool call's string argument
 (the expensive case: the grammar masks), the others write free text (the mask allows everything
 and the row must be left alone). The figure reported is microseconds per row per step, with the
-cost of rewriting the batch's logits once (``copy_``) measured alongside as the yardstick.
+cost of rewriting the batch's logits once (``copy_``) measured alongside as the yardstick. Each
+case runs twice: rows without ``max_tokens`` (no token budget) and rows with a ``max_tokens`` far
+away (the budget follows every token it must read: the cost of the budget machinery itself).
 
 With ``--e2e``, it also serves the tiny model three ways at once and measures output tokens/s at N
 concurrent tool-call requests (default 16), the servers taking turns: our processor off (vLLM's
@@ -68,39 +70,41 @@ def measure(
     free_word = tok.encode(" word", add_special_tokens=False)[-1]
     args = constraint_args(TOOLS)
     results = []
-    for batch in batch_sizes:
-        for share in shares:
-            proc = V1ToolCallLogitsProcessor(config, torch.device("cpu"), False)
-            n_span = round(batch * share)
-            outputs = [list(span_prefix if i < n_span else free_prefix) for i in range(batch)]
-            added = [(i, SamplingParams(extra_args=args), None, outputs[i]) for i in range(batch)]
-            proc.update_state(BatchUpdate(batch, [], added, []))
-            logits = torch.randn(batch, width)
-            proc.apply(logits)  # first step: compiles (cached afterwards) and replays the prefixes
-            fresh = logits.clone()
-            samples, baseline = [], []
-            for _ in range(steps):
-                for i, out in enumerate(outputs):
-                    out.append(in_string if i < n_span else free_word)
-                start = time.perf_counter()
-                logits.copy_(fresh)
-                baseline.append(time.perf_counter() - start)
-                start = time.perf_counter()
-                proc.apply(logits)
-                samples.append(time.perf_counter() - start)
-            step_us = statistics.median(samples) * 1e6
-            results.append(
-                {
-                    "tokenizer": tokenizer_name,
-                    "vocab": width,
-                    "batch": batch,
-                    "span_share": share,
-                    "step_us_p50": round(step_us, 1),
-                    "us_per_row": round(step_us / batch, 2),
-                    "rewrite_logits_us_p50": round(statistics.median(baseline) * 1e6, 1),
-                }
-            )
-            print(json.dumps(results[-1]), flush=True)
+    cases = [(b, s, budget) for b in batch_sizes for s in shares for budget in (False, True)]
+    for batch, share, budget in cases:
+        proc = V1ToolCallLogitsProcessor(config, torch.device("cpu"), False)
+        n_span = round(batch * share)
+        outputs = [list(span_prefix if i < n_span else free_prefix) for i in range(batch)]
+        params = SamplingParams(max_tokens=1 << 20 if budget else None, extra_args=args)
+        added = [(i, params, None, outputs[i]) for i in range(batch)]
+        proc.update_state(BatchUpdate(batch, [], added, []))
+        logits = torch.randn(batch, width)
+        proc.apply(logits)  # first step: compiles (cached afterwards) and replays the prefixes
+        fresh = logits.clone()
+        samples, baseline = [], []
+        for _ in range(steps):
+            for i, out in enumerate(outputs):
+                out.append(in_string if i < n_span else free_word)
+            start = time.perf_counter()
+            logits.copy_(fresh)
+            baseline.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            proc.apply(logits)
+            samples.append(time.perf_counter() - start)
+        step_us = statistics.median(samples) * 1e6
+        results.append(
+            {
+                "tokenizer": tokenizer_name,
+                "vocab": width,
+                "batch": batch,
+                "span_share": share,
+                "budget": budget,
+                "step_us_p50": round(step_us, 1),
+                "us_per_row": round(step_us / batch, 2),
+                "rewrite_logits_us_p50": round(statistics.median(baseline) * 1e6, 1),
+            }
+        )
+        print(json.dumps(results[-1]), flush=True)
     return results
 
 
@@ -246,13 +250,13 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for share in sorted({r["span_share"] for r in results}):
-        rows = [r for r in results if r["span_share"] == share]
+    for share, budget in sorted({(r["span_share"], r["budget"]) for r in results}):
+        rows = [r for r in results if r["span_share"] == share and r["budget"] == budget]
         ax.plot(
             [r["batch"] for r in rows],
             [r["us_per_row"] for r in rows],
             marker="o",
-            label=f"{share:.0%} rows in a call",
+            label=f"{share:.0%} rows in a call" + (", budget" if budget else ""),
         )
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch size")

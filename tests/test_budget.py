@@ -26,6 +26,7 @@ from hermes_vllm.grammar.completion import CallCompleter
 from hermes_vllm.grammar.engines.base import allocate_bitmask
 from hermes_vllm.processor.core import ConstraintCore
 from hermes_vllm.spans import split_spans
+from hermes_vllm.testing.corpus import sample_tool_sets
 
 TOOL = {
     "type": "function",
@@ -41,14 +42,6 @@ TOOL = {
         },
     },
 }
-
-
-def bfcl_tool_sets(count: int) -> list[list[dict[str, Any]]]:
-    from hermes_vllm.testing.corpus import bfcl_files, load_bfcl
-
-    sets = [case.tools for path in bfcl_files() for case in load_bfcl(path)]
-    random.Random(1).shuffle(sets)
-    return sets[:count]
 
 
 def allowed_tokens(matcher: Any, vocab_size: int) -> np.ndarray:
@@ -68,7 +61,7 @@ def test_every_completion_is_accepted_by_the_engine_and_closes_the_call(tokenize
     punctuation = np.array([any(c in p for c in '"{}[],:0123456789') for p in latin1])
     rng = random.Random(0)
     checked = 0
-    for tools in bfcl_tool_sets(40):
+    for tools in sample_tool_sets(40):
         grammar = compiler.compile(tools, "required")
         completer = CallCompleter(grammar.spec.dialect, [(t.name, t.parameters) for t in grammar.spec.tools])
         for _ in range(4):
@@ -183,7 +176,10 @@ def test_a_stop_string_cannot_complete_inside_a_call(tokenizer: Any) -> None:
 
 
 def valid_calls(text: str, tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    schemas = {t["name"]: t.get("parameters", {}) for t in tools}
+    """The closed calls of ``text``, each checked against its tool's (normalised) schema."""
+    from hermes_vllm.schema import normalize_tools
+
+    schemas = {s.name: s.parameters for s in normalize_tools(tools)}
     calls = []
     for span in split_spans(text, "hermes"):
         if span.kind == "call" and span.closed:
@@ -202,12 +198,13 @@ def test_required_and_named_replies_always_hold_a_valid_call(tiny_model: Path, t
 
     from hermes_vllm.constraint import parse_constraint
     from hermes_vllm.processor.core import shortest_call_text
+    from hermes_vllm.testing.budget_scenarios import span_token_counts
     from hermes_vllm.testing.engine import offline_llm
 
     llm = offline_llm(tiny_model)
     bias = {i: 8.0 for t, i in tokenizer.get_vocab().items() if any(c in t for c in '"}]')}
     prompt = "<|im_start|>user\nPlease help.<|im_end|>\n<|im_start|>assistant\n"
-    sets = [[{**t, "parameters": t.get("parameters", {})} for t in tools] for tools in bfcl_tool_sets(12)]
+    sets = sample_tool_sets(12)
     requests = []
     for i, tools in enumerate(sets):
         choice: Any = "required" if i % 2 else {"type": "function", "function": {"name": tools[0]["name"]}}
@@ -230,10 +227,9 @@ def test_required_and_named_replies_always_hold_a_valid_call(tiny_model: Path, t
         assert valid_calls(text, tools), (max_tokens, text[-300:])
         assert len(output.outputs[0].token_ids) <= max_tokens
         if "hermes_vllm_reasoning_budget" in args:
-            for span in split_spans(text, "hermes"):
-                if span.kind == "reasoning":
-                    thought += 1
-                    assert len(tokenizer.encode(span.body, add_special_tokens=False)) <= 24 + 2
+            counts = span_token_counts(output.outputs[0].token_ids, tokenizer)
+            assert all(n <= 24 for n in counts), counts
+            thought += len(counts)
     assert thought, "no reasoning span to check the budget on"
 
 
@@ -245,7 +241,7 @@ def test_auto_with_the_close_policy_returns_only_valid_marked_calls(tiny_model: 
     from hermes_vllm.testing.engine import offline_llm
 
     llm = offline_llm(tiny_model)
-    sets = bfcl_tool_sets(8)
+    sets = sample_tool_sets(8)
     bias = call_bias(tokenizer)
     params = [
         SamplingParams(

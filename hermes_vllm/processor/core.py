@@ -511,8 +511,11 @@ class ConstraintCore:
             words &= self._no_call_words(state.dialect, words.size)
         if state.in_call_refused and budget.in_call():
             bits = words.view(np.uint32)
+            before = bits.copy()
             for token in self._completing(budget.text, state.in_call_refused):
                 bits[token >> 5] &= np.uint32(0xFFFFFFFF ^ (1 << (token & 31)))
+            if not bits.any():  # the grammar itself spells the refused text here: it must pass
+                bits[:] = before
 
     def _completing(self, text: str, refused: Sequence[str]) -> list[int]:
         """Tokens that would complete one of ``refused`` after ``text``."""
