@@ -169,10 +169,29 @@ def test_a_stop_string_cannot_complete_inside_a_call(tokenizer: Any) -> None:
     allowed = {latin1[t] for t in run(core, state, tokenizer, text)}
     assert "is" not in allowed and "isian" not in allowed and "Paris" not in allowed
     assert "x" in allowed
-    # Outside a call the stop string is vLLM's business: nothing is refused.
+    # Outside a call the stop string is vLLM's business: nothing is refused...
     state = core.admit(constraint_args([TOOL]), [], max_tokens=500, stop=["Paris"])
     assert state is not None
     assert len(run(core, state, tokenizer, "Par")) == len(tokenizer)
+    # ...except before the call a required turn owes: it would end the reply without one.
+    state = core.admit(constraint_args([TOOL], "required"), [], max_tokens=500, stop=["Paris"])
+    assert state is not None
+    allowed = {latin1[t] for t in run(core, state, tokenizer, "<think>Par")}
+    assert "is" not in allowed and "x" in allowed
+
+
+def test_vllms_thinking_budget_never_sees_a_reasoning_tag_inside_a_call(tokenizer: Any) -> None:
+    """With ``thinking_token_budget`` set, vLLM counts from any ``<think>`` token and would force
+    ``</think>`` where the grammar refuses it: inside a call that token is refused."""
+    core = core_for(tokenizer)
+    think = tokenizer.convert_tokens_to_ids("<think>")
+    text = '<tool_call>{"name": "get_weather", "arguments": {"city": "'
+    state = core.admit(constraint_args([TOOL]), [], max_tokens=500, thinking_budget=24)
+    assert state is not None
+    assert think not in run(core, state, tokenizer, text)
+    state = core.admit(constraint_args([TOOL]), [], max_tokens=500)
+    assert state is not None
+    assert think in run(core, state, tokenizer, text)
 
 
 def valid_calls(text: str, tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -259,3 +278,29 @@ def test_auto_with_the_close_policy_returns_only_valid_marked_calls(tiny_model: 
         assert all(s.closed for s in spans if s.kind == "call"), text
         closed += MARK.strip() in text
     assert closed, "no call was closed by the budget"
+
+
+def test_a_required_row_left_alone_inside_reasoning_masks_exactly_like_the_engine(any_tokenizer: Any) -> None:
+    """Inside a reasoning span before the first call, a budgeted required row reuses the mask
+    the engine gave at the span's start instead of running it; at every step its mask equals the
+    engine's (split characters, a ``<`` and a partial closing tag inside the span, two spans)."""
+    tokenizer = any_tokenizer
+    turn = (
+        "<think>héllo 日本 a<b </thi still 🙂 thinking</think>\n<think>again ü</think>"
+        '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "days": 4}}</tool_call>'
+    )
+    budgeted, plain = core_for(tokenizer), core_for(tokenizer)
+    args = constraint_args([TOOL], "required")
+    fast = budgeted.admit(args, [], max_tokens=10_000)
+    slow = plain.admit(args, [])
+    assert fast is not None and slow is not None and fast.budget is not None and slow.budget is None
+    paused = 0
+    for step, token in enumerate([None, *tokenizer.encode(turn, add_special_tokens=False)]):
+        new = [] if token is None else [token]
+        a, b = torch.zeros((1, len(tokenizer))), torch.zeros((1, len(tokenizer)))
+        budgeted.step(a, [(0, fast, new)])
+        plain.step(b, [(0, slow, new)])
+        assert torch.equal(a, b), f"step {step}: masks differ"
+        paused += fast.paused is not None
+    assert fast.failed is None and slow.failed is None
+    assert paused >= 5, "the row was never left alone"

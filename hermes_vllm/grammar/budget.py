@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hermes_vllm.dialect import Dialect
+from hermes_vllm.grammar.compiler import utf8_need
 from hermes_vllm.grammar.completion import CallCompleter
 from hermes_vllm.spans import Tail, partial_tag_suffix, read_tail
 
@@ -122,6 +123,8 @@ class TurnBudget:
         self.closed_calls = 0
         """Calls this budget closed."""
         self._need = self.reserve
+        self._utf8 = 0
+        """Continuation bytes the text's last character still needs."""
         self._marks = "".join({p.begin[0] for p in (dialect.tool_call, *dialect.free_spans)})
         self._free_ends = {p.end for p in dialect.free_spans}
 
@@ -135,6 +138,22 @@ class TurnBudget:
     def calls_begun(self) -> int:
         return self.calls + self.tail.calls + (self.tail.begun == "call")
 
+    def in_quiet_span(self) -> bool:
+        """Inside a reasoning/hidden span before any call, no closing tag begun, at a character
+        boundary: the grammar's state is the same as at the span's first token, so a row whose
+        engine runs everywhere (``required``) may leave it alone until a token changes that."""
+        tail = self.tail
+        span = tail.open
+        return (
+            span is not None and span.kind != "call" and not tail.end_begun and self._utf8 == 0
+            and self.calls_begun == 0
+        )  # fmt: skip
+
+    def guarded(self) -> bool:
+        """Inside a call, or before the call a ``required`` turn owes: where a stop string must
+        not end the request (it would cut the call, or leave the reply without one)."""
+        return self.in_call() or (self.required and self.calls_begun == 0)
+
     def in_call(self) -> bool:
         tail = self.tail
         return (tail.open is not None and tail.open.kind == "call") or tail.begun == "call"
@@ -143,6 +162,8 @@ class TurnBudget:
         """Follow one sampled token (its bytes as latin-1)."""
         if self.forcing:
             self.forcing = self.forcing[len(piece) :] if self.forcing.startswith(piece) else ""
+        if self._utf8 or not piece.isascii():
+            self._utf8 = utf8_need(self._utf8, piece)
         tail = self.tail
         span = tail.open
         if span is not None and span.kind != "call" and not tail.end_begun:

@@ -143,9 +143,15 @@ class RowState:
     """The row's token budgets (span budgets, call reserve, closing cut calls)."""
     quiet_until: int = 1 << 62
     """From this many consumed tokens on, the budget reads every token: the row is never quiet."""
-    in_call_refused: tuple[str, ...] = ()
-    """Texts (latin-1) no token may complete inside a call: the request's stop strings, and the
-    reasoning tag when vLLM's own thinking budget watches the row."""
+    paused: np.ndarray | None = None
+    """An engine-only row inside a reasoning span (:meth:`TurnBudget.in_quiet_span`): the mask
+    the engine gave there, reused while the engine is left alone."""
+    refused_stops: tuple[str, ...] = ()
+    """The request's stop strings (latin-1): no token may complete one inside a call, nor before
+    the call a ``required`` turn owes."""
+    refused_in_calls: tuple[str, ...] = ()
+    """The reasoning tag, refused inside calls when vLLM's own thinking budget watches the row
+    (vLLM would start counting a span there and force its closing tag into the call)."""
 
     @property
     def dialect(self) -> Dialect:
@@ -294,12 +300,13 @@ class ConstraintCore:
         state.budget = budget
         state.quiet_until = max_tokens - budget.alert
         end = spec.dialect.tool_call.end
-        refused = [stop] if isinstance(stop, str) else list(stop)
-        if thinking is not None:  # vLLM's budget would start counting at a reasoning tag in a call
-            refused += [p.begin for p in spec.dialect.reasoning]
-        state.in_call_refused = tuple(
-            _latin1(s) for s in dict.fromkeys(refused) if s and end not in s and s not in end
+        stops = [stop] if isinstance(stop, str) else list(stop)
+        # A stop string the call's closing tag holds (or that holds it) cannot be refused.
+        state.refused_stops = tuple(
+            _latin1(s) for s in dict.fromkeys(stops) if s and end not in s and s not in end
         )
+        if thinking is not None:
+            state.refused_in_calls = tuple(_latin1(p.begin) for p in spec.dialect.reasoning)
 
     @staticmethod
     def _begin_bytes(dialect: Dialect) -> bytes:
@@ -325,6 +332,11 @@ class ConstraintCore:
         if state.failed is not None:
             return
         if not state.gated:
+            if state.paused is not None:
+                assert state.budget is not None
+                if state.budget.in_quiet_span():
+                    return  # the span's content does not move the grammar: the engine waits
+                state.paused = None
             self._feed_engine(state, new_tokens)
             return
         if state.matcher is not None:
@@ -464,7 +476,7 @@ class ConstraintCore:
             budget = state.budget
             if budget is not None and state.failed is None:
                 plan = budget.plan(state.consumed)
-                if plan is not NOTHING or (state.in_call_refused and budget.in_call()):
+                if plan is not NOTHING or self._refused(state, budget):
                     if state.matcher is None and not state.gated:
                         self._feed_engine(state, ())
                     if state.failed is None:
@@ -478,7 +490,14 @@ class ConstraintCore:
             if state.failed is not None:
                 self._allow_only(row, state.stop_ids)
                 masked.append(row)
+            elif state.paused is not None:
+                self.bitmask[row].numpy()[:] = state.paused
+                masked.append(row)
             elif state.matcher is not None:
+                if budget is not None and not state.gated and budget.in_quiet_span():
+                    self._pause(row, state)
+                    masked.append(row)
+                    continue
                 engine_rows.append((row, state.matcher))
         if len(engine_rows) >= BATCH_FILL_MIN:
             # Many rows inside calls: one parallel fill; every such row is masked.
@@ -488,6 +507,13 @@ class ConstraintCore:
         else:
             masked += [r for r, m in engine_rows if m.fill_bitmask(self.bitmask, r)]
         return masked
+
+    def _pause(self, row: int, state: RowState) -> None:
+        """Fill the row from the engine once more and keep that mask for the span's content."""
+        assert state.matcher is not None
+        if not state.matcher.fill_bitmask(self.bitmask, row):
+            self.bitmask[row].fill_(-1)
+        state.paused = self.bitmask[row].numpy().copy()
 
     def _fill_budgeted(self, row: int, state: RowState, plan: Plan) -> None:
         """The row's mask as the grammar has it, narrowed by what its budget demands.
@@ -509,13 +535,21 @@ class ConstraintCore:
             budget.forcing = ""
         if plan.ban_call:
             words &= self._no_call_words(state.dialect, words.size)
-        if state.in_call_refused and budget.in_call():
+        refused = self._refused(state, budget)
+        if refused:
             bits = words.view(np.uint32)
             before = bits.copy()
-            for token in self._completing(budget.text, state.in_call_refused):
+            for token in self._completing(budget.text, refused):
                 bits[token >> 5] &= np.uint32(0xFFFFFFFF ^ (1 << (token & 31)))
             if not bits.any():  # the grammar itself spells the refused text here: it must pass
                 bits[:] = before
+
+    @staticmethod
+    def _refused(state: RowState, budget: TurnBudget) -> tuple[str, ...]:
+        """The texts no token may complete here."""
+        if not (state.refused_stops or state.refused_in_calls) or not budget.guarded():
+            return ()
+        return state.refused_stops + state.refused_in_calls if budget.in_call() else state.refused_stops
 
     def _completing(self, text: str, refused: Sequence[str]) -> list[int]:
         """Tokens that would complete one of ``refused`` after ``text``."""
