@@ -162,6 +162,11 @@ def summarize(work: Workload, rss: list[int], cache_bytes: int) -> dict[str, Any
         by_kind.setdefault(o.kind, Counter())[o.status] += 1
     calls = sum(o.calls for o in outcomes)
     valid = sum(o.valid_calls for o in outcomes)
+    # tools, tools_stream and brackets_xargs ask for tool_choice="required": each must hold a call.
+    required = [
+        o for o in outcomes if o.kind in ("tools", "tools_stream", "brackets_xargs") and o.status == "ok"
+    ]
+    with_call = sum(1 for o in required if o.calls >= 1 and o.valid_calls == o.calls)
     well_formed_errors = sum(
         1 for o in outcomes if o.kind != "malformed" and o.status not in ("ok", "hung_up")
     )
@@ -175,6 +180,8 @@ def summarize(work: Workload, rss: list[int], cache_bytes: int) -> dict[str, Any
         "tool_calls": calls,
         "valid_tool_calls": valid,
         "valid_share": round(valid / calls, 4) if calls else None,
+        "required_replies": len(required),
+        "required_replies_with_valid_call": with_call,
         "rss_mb": [round(r / 2**20, 1) for r in rss],
         "rss_warm_up_mb": round((rss[1] - rss[0]) / 2**20, 1),
         "rss_growth_mb": round((rss[-1] - rss[1]) / 2**20, 1),

@@ -45,7 +45,7 @@ def test_every_budget_scenario_keeps_its_promise(server: tuple[str, str, Any, Pa
     outcomes = budget_scenarios.run(url, model, tokenizer)
     failed = {name: o.failures for name, o in outcomes.items() if o.ok < o.total}
     assert not failed, failed
-    assert len(outcomes) == 8 and all(o.total >= 4 for o in outcomes.values())
+    assert len(outcomes) == 7 and all(o.total >= 4 for o in outcomes.values())
     assert "ending a constrained request" not in log.read_text(encoding="utf-8")
 
 
