@@ -12,8 +12,11 @@ concurrent tool-call requests (default 16), the servers taking turns: our proces
 ``hermes`` parser, no constraint), on (``hermes_vllm``), and vLLM's own structural-tag constraint
 (``--tool-call-parser hermes --tool-strict-level parameter``), each figure a ratio to "off".
 
+``--required-offline``: the offline engine, ``--concurrency`` (16) ``required`` requests of 128
+tokens, ours against vLLM's structural tag, ``--passes`` alternating passes.
+
 Usage: python benchmarks/processor.py [--tokenizer mistral-v1|tekken] [--steps 30] [--e2e [--passes 6]]
-    [--first-token] [--out DIR]
+    [--first-token] [--required-offline] [--out DIR]
 """
 
 from __future__ import annotations
@@ -243,6 +246,51 @@ def first_token(tokenizer_name: str, samples: int) -> dict[str, Any]:
     return result
 
 
+def required_offline(tokenizer_name: str, requests: int, max_tokens: int, passes: int) -> dict[str, Any]:
+    """Offline, ``tool_choice="required"``: output tokens/s of ours against vLLM's structural tag
+    (what ``--tool-call-parser hermes --tool-strict-level parameter`` sends), alternating passes."""
+    from vllm import SamplingParams
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.sampling_params import StructuredOutputsParams
+    from vllm.tool_parsers.structural_tag_registry import get_model_structural_tag
+    from vllm.tool_parsers.tool_strict_level import ToolStrictLevel
+
+    from hermes_vllm import constraint_args
+    from hermes_vllm.testing import tiny_model_path
+    from hermes_vllm.testing.engine import offline_llm
+
+    llm = offline_llm(tiny_model_path(tokenizer_name))  # type: ignore[arg-type]
+    chat = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], tools=TOOLS)
+    tag = get_model_structural_tag(
+        "hermes", chat.tools, "required", False, strict_level=ToolStrictLevel.PARAMETER
+    )
+    assert tag is not None
+    common: dict[str, Any] = {"temperature": 1.0, "max_tokens": max_tokens}
+    kinds = {
+        "hermes_vllm": SamplingParams(**common, extra_args=constraint_args(TOOLS, "required")),
+        "vllm_structural_tag": SamplingParams(
+            **common, structured_outputs=StructuredOutputsParams(structural_tag=json.dumps(tag.model_dump()))
+        ),
+    }
+    prompt = "<|im_start|>user\nPlease help.<|im_end|>\n<|im_start|>assistant\n"
+    rates: dict[str, list[float]] = {k: [] for k in kinds}
+    for n in range(passes + 1):
+        for name in kinds if n % 2 else reversed(kinds):
+            start = time.perf_counter()
+            outputs = llm.generate([prompt] * requests, kinds[name], use_tqdm=False)
+            tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+            if n:  # the first pass warms both up
+                rates[name].append(tokens / (time.perf_counter() - start))
+    ratios = [a / b for a, b in zip(rates["hermes_vllm"], rates["vllm_structural_tag"], strict=True)]
+    return {
+        "requests": requests,
+        "max_tokens": max_tokens,
+        "tokens_per_s": {k: [round(r, 1) for r in v] for k, v in rates.items()},
+        "ratio_per_pass": [round(r, 3) for r in ratios],
+        "ratio_median": round(statistics.median(ratios), 3),
+    }
+
+
 def plot(results: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -276,6 +324,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--e2e", action="store_true", help="also measure served tokens/s (three servers)")
     parser.add_argument("--first-token", action="store_true", help="also measure the compile wait")
+    parser.add_argument(
+        "--required-offline", action="store_true", help="also: required mode against vLLM's structural tag"
+    )
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=2, help="requests per burst / concurrency")
     parser.add_argument("--max-tokens", type=int, default=256)
@@ -288,6 +339,9 @@ def main() -> None:
     report: dict[str, Any] = {"per_step": results}
     if args.first_token:
         report["first_token"] = first_token(args.tokenizer, 15)
+    if args.required_offline:
+        report["required_offline"] = required_offline(args.tokenizer, args.concurrency, 128, args.passes)
+        print(json.dumps(report["required_offline"]), flush=True)
     if args.e2e:
         report["end_to_end"] = end_to_end(
             args.tokenizer, args.concurrency, args.rounds, args.max_tokens, args.passes

@@ -166,11 +166,11 @@ class TurnBudget:
             self._utf8 = utf8_need(self._utf8, piece)
         tail = self.tail
         span = tail.open
-        if span is not None and span.kind != "call" and not tail.end_begun:
+        if span is not None and not tail.end_begun:
             assert span.tags is not None
-            if span.tags.end[0] not in piece:
+            if span.tags.end[0] not in piece:  # only the closing tag changes where a span stands
                 self.text += piece
-                self.span_tokens += 1
+                self.span_tokens += span.kind != "call"
                 return
         elif tail.clean and not any(c in piece for c in self._marks):
             return
@@ -202,7 +202,8 @@ class TurnBudget:
             rest = end[partial_tag_suffix(self.text, (end,)) :] if tail.end_begun else end
             spent = self.span_budget is not None and self.span_tokens >= self.span_budget
             if spent or (owed and left <= self.reserve + (self.speller.count(rest) or len(rest))):
-                return self._start(rest)
+                # Inside a split character the tag would follow invalid UTF-8: one token later.
+                return NOTHING if self._utf8 and not tail.end_begun else self._start(rest)
             return NOTHING
         if owed:
             if left <= self.reserve + self.margin and tail.begun is None:
