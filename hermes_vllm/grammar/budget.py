@@ -246,12 +246,11 @@ _frontend_tokenizers: list[Any] = []
 
 
 def register_tokenizer(tokenizer: Any) -> None:
-    """Make the served model's tokenizer known to the frontend's admission check (the tool parser
-    registers it on the server; an in-process engine registers its own offline)."""
-    if not _frontend_tokenizers:
-        _frontend_tokenizers.append(tokenizer)
+    """Make the served model's tokenizer known to the frontend's admission check: the tool
+    parser registers it on the server, an in-process engine its own offline (the latest wins)."""
+    _frontend_tokenizers[:] = [tokenizer]
 
 
 def frontend_tokenizer() -> Any | None:
-    """The tokenizer registered first, if any."""
+    """The tokenizer registered last, if any."""
     return _frontend_tokenizers[0] if _frontend_tokenizers else None

@@ -7,8 +7,9 @@ import os
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from hermes_vllm.grammar.budget import register_tokenizer
 from hermes_vllm.processor import handshake
-from hermes_vllm.processor.core import ConstraintCore
+from hermes_vllm.processor.core import ConstraintCore, LazyTokenizer
 
 if TYPE_CHECKING:
     import torch
@@ -51,6 +52,7 @@ def core_for_config(vllm_config: VllmConfig, runner: str, device: torch.device) 
         engine_name(),
         device.type == "cuda",
     )
+    register_tokenizer(LazyTokenizer(core))  # offline, the frontend check runs in this process
     handshake.announce(runner)
     logger.info("hermes-vllm tool-call constraints active (%s runner, %s engine)", runner, core.engine)
     return core

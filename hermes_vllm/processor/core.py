@@ -46,7 +46,6 @@ from hermes_vllm.grammar.budget import (
     Speller,
     TurnBudget,
     frontend_tokenizer,
-    register_tokenizer,
 )
 from hermes_vllm.grammar.compiler import CompiledToolGrammar, PreparedTurn, ToolCallMatcher, prepare_turn
 from hermes_vllm.grammar.completion import CallCompleter
@@ -182,7 +181,6 @@ class ConstraintCore:
         self._containing: dict[str, np.ndarray] = {}
         self._starting: dict[str, np.ndarray] = {}
         self._no_call: dict[str, np.ndarray] = {}
-        register_tokenizer(_LazyTokenizer(self))
 
     @cached_property
     def compiler(self) -> ToolGrammarCompiler:
@@ -601,7 +599,7 @@ def _latin1(text: str) -> str:
     return text.encode("utf-8").decode("latin-1")
 
 
-class _LazyTokenizer:
+class LazyTokenizer:
     """The core's tokenizer for the frontend check of an in-process engine, loaded on first use."""
 
     def __init__(self, core: ConstraintCore) -> None:
