@@ -304,3 +304,19 @@ def test_a_required_row_left_alone_inside_reasoning_masks_exactly_like_the_engin
         paused += fast.paused is not None
     assert fast.failed is None and slow.failed is None
     assert paused >= 5, "the row was never left alone"
+
+
+def test_a_call_cut_inside_a_split_character_is_closed_with_a_valid_one(tokenizer: Any) -> None:
+    """A random model leaves a lone UTF-8 lead byte in an argument; closing the call must first
+    finish that character (found by the load run: such calls were cut instead)."""
+    core = core_for(tokenizer)
+    lead, continuation = tokenizer.convert_tokens_to_ids(["<0xE2>", "<0x80>"])
+    text = '<tool_call>{"name": "get_weather", "arguments": {"city": "Pa'
+    tokens = [*tokenizer.encode(text, add_special_tokens=False), lead]
+    state = core.admit(constraint_args([TOOL], "required"), [], max_tokens=len(tokens) + 12)
+    assert state is not None
+    logits = torch.zeros((1, len(tokenizer)))
+    for token in [None, *tokens]:
+        logits = torch.zeros((1, len(tokenizer)))
+        core.step(logits, [(0, state, [] if token is None else [token])])
+    assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == [continuation]

@@ -40,6 +40,22 @@ def _latin1(text: str) -> str:
     return text.encode("utf-8").decode("latin-1")
 
 
+def _finish_character(text: str) -> str:
+    """Continuation bytes (latin-1) that complete a character split at the end of ``text``,
+    chosen so the character is valid UTF-8 (no overlong form, no surrogate)."""
+    for back in range(1, min(4, len(text)) + 1):
+        byte = ord(text[-back])
+        if 0x80 <= byte < 0xC0:
+            continue
+        size = 4 if byte >= 0xF0 else 3 if byte >= 0xE0 else 2 if byte >= 0xC0 else 1
+        missing = size - back
+        if missing <= 0:
+            return ""
+        first = {0xE0: 0xA0, 0xF0: 0x90}.get(byte, 0x80) if back == 1 else 0x80
+        return chr(first) + "\x80" * (missing - 1)
+    return ""
+
+
 class Speller:
     """Greedy longest-prefix spelling of text in one vocabulary's tokens: what forcing writes."""
 
@@ -219,13 +235,13 @@ class TurnBudget:
 
     def _steer(self, left: int) -> Plan:
         call = self._call_text()
-        try:
-            completion = self.completer.complete(call.encode("latin-1").decode("utf-8"))
-        except UnicodeDecodeError:  # the text ends inside a character: look again next token
-            return NOTHING
+        # A random or weak model leaves split characters behind: finish the last one first, and
+        # read any other as U+FFFD (inside a string, where the grammar let it through).
+        fix = _finish_character(call)
+        completion = self.completer.complete((call + fix).encode("latin-1").decode("utf-8", errors="replace"))
         if completion is None:
             return NOTHING
-        text = _latin1(completion + MARK)
+        text = fix + _latin1(completion + MARK)
         need = self.speller.count(text)
         if need is None:
             return NOTHING
