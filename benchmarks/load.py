@@ -162,6 +162,14 @@ def summarize(work: Workload, rss: list[int], cache_bytes: int) -> dict[str, Any
         by_kind.setdefault(o.kind, Counter())[o.status] += 1
     calls = sum(o.calls for o in outcomes)
     valid = sum(o.valid_calls for o in outcomes)
+    # These kinds ask for tool_choice="required": each reply must hold a call. brackets_xargs
+    # replies are read from the content this hermes server's parsers return, which a hermes
+    # <tool_call> tag the model writes inside a bracket call's string cuts short: counted apart.
+    required: dict[str, list[Outcome]] = {k: [] for k in ("tools", "tools_stream", "brackets_xargs")}
+    for o in outcomes:
+        if o.kind in required and o.status == "ok":
+            required[o.kind].append(o)
+    with_call = {k: sum(o.calls >= 1 and o.valid_calls == o.calls for o in v) for k, v in required.items()}
     well_formed_errors = sum(
         1 for o in outcomes if o.kind != "malformed" and o.status not in ("ok", "hung_up")
     )
@@ -175,6 +183,8 @@ def summarize(work: Workload, rss: list[int], cache_bytes: int) -> dict[str, Any
         "tool_calls": calls,
         "valid_tool_calls": valid,
         "valid_share": round(valid / calls, 4) if calls else None,
+        "required_replies": {k: len(v) for k, v in required.items()},
+        "required_replies_with_valid_call": with_call,
         "rss_mb": [round(r / 2**20, 1) for r in rss],
         "rss_warm_up_mb": round((rss[1] - rss[0]) / 2**20, 1),
         "rss_growth_mb": round((rss[-1] - rss[1]) / 2**20, 1),

@@ -3,15 +3,20 @@
 Each row commits one token per step: rows "in a span" sit inside a tool call's string argument
 (the expensive case: the grammar masks), the others write free text (the mask allows everything
 and the row must be left alone). The figure reported is microseconds per row per step, with the
-cost of rewriting the batch's logits once (``copy_``) measured alongside as the yardstick.
+cost of rewriting the batch's logits once (``copy_``) measured alongside as the yardstick. Each
+case runs twice: rows without ``max_tokens`` (no token budget) and rows with a ``max_tokens`` far
+away (the budget follows every token it must read: the cost of the budget machinery itself).
 
 With ``--e2e``, it also serves the tiny model three ways at once and measures output tokens/s at N
 concurrent tool-call requests (default 16), the servers taking turns: our processor off (vLLM's
 ``hermes`` parser, no constraint), on (``hermes_vllm``), and vLLM's own structural-tag constraint
 (``--tool-call-parser hermes --tool-strict-level parameter``), each figure a ratio to "off".
 
+``--required-offline``: the offline engine, ``--concurrency`` (16) ``required`` requests of 128
+tokens, ours against vLLM's structural tag, ``--passes`` alternating passes.
+
 Usage: python benchmarks/processor.py [--tokenizer mistral-v1|tekken|qwen3|qwen2.5|llama3.1] [--steps 30]
-    [--e2e [--passes 6]] [--first-token] [--out DIR]
+    [--e2e [--passes 6]] [--first-token] [--required-offline] [--out DIR]
 
 On ``qwen3`` / ``qwen2.5`` the constraint and the servers use the ``qwen`` dialect
 (``hermes_vllm_qwen``; vLLM's own Qwen setup is its ``hermes`` parser), over 151,936-wide logits.
@@ -73,39 +78,41 @@ def measure(
     free_word = tok.encode(" word", add_special_tokens=False)[-1]
     args = constraint_args(TOOLS, dialect=DIALECT_OF.get(tokenizer_name, "hermes"))
     results = []
-    for batch in batch_sizes:
-        for share in shares:
-            proc = V1ToolCallLogitsProcessor(config, torch.device("cpu"), False)
-            n_span = round(batch * share)
-            outputs = [list(span_prefix if i < n_span else free_prefix) for i in range(batch)]
-            added = [(i, SamplingParams(extra_args=args), None, outputs[i]) for i in range(batch)]
-            proc.update_state(BatchUpdate(batch, [], added, []))
-            logits = torch.randn(batch, width)
-            proc.apply(logits)  # first step: compiles (cached afterwards) and replays the prefixes
-            fresh = logits.clone()
-            samples, baseline = [], []
-            for _ in range(steps):
-                for i, out in enumerate(outputs):
-                    out.append(in_string if i < n_span else free_word)
-                start = time.perf_counter()
-                logits.copy_(fresh)
-                baseline.append(time.perf_counter() - start)
-                start = time.perf_counter()
-                proc.apply(logits)
-                samples.append(time.perf_counter() - start)
-            step_us = statistics.median(samples) * 1e6
-            results.append(
-                {
-                    "tokenizer": tokenizer_name,
-                    "vocab": width,
-                    "batch": batch,
-                    "span_share": share,
-                    "step_us_p50": round(step_us, 1),
-                    "us_per_row": round(step_us / batch, 2),
-                    "rewrite_logits_us_p50": round(statistics.median(baseline) * 1e6, 1),
-                }
-            )
-            print(json.dumps(results[-1]), flush=True)
+    cases = [(b, s, budget) for b in batch_sizes for s in shares for budget in (False, True)]
+    for batch, share, budget in cases:
+        proc = V1ToolCallLogitsProcessor(config, torch.device("cpu"), False)
+        n_span = round(batch * share)
+        outputs = [list(span_prefix if i < n_span else free_prefix) for i in range(batch)]
+        params = SamplingParams(max_tokens=1 << 20 if budget else None, extra_args=args)
+        added = [(i, params, None, outputs[i]) for i in range(batch)]
+        proc.update_state(BatchUpdate(batch, [], added, []))
+        logits = torch.randn(batch, width)
+        proc.apply(logits)  # first step: compiles (cached afterwards) and replays the prefixes
+        fresh = logits.clone()
+        samples, baseline = [], []
+        for _ in range(steps):
+            for i, out in enumerate(outputs):
+                out.append(in_string if i < n_span else free_word)
+            start = time.perf_counter()
+            logits.copy_(fresh)
+            baseline.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            proc.apply(logits)
+            samples.append(time.perf_counter() - start)
+        step_us = statistics.median(samples) * 1e6
+        results.append(
+            {
+                "tokenizer": tokenizer_name,
+                "vocab": width,
+                "batch": batch,
+                "span_share": share,
+                "budget": budget,
+                "step_us_p50": round(step_us, 1),
+                "us_per_row": round(step_us / batch, 2),
+                "rewrite_logits_us_p50": round(statistics.median(baseline) * 1e6, 1),
+            }
+        )
+        print(json.dumps(results[-1]), flush=True)
     return results
 
 
@@ -251,6 +258,51 @@ def first_token(tokenizer_name: str, samples: int) -> dict[str, Any]:
     return result
 
 
+def required_offline(tokenizer_name: str, requests: int, max_tokens: int, passes: int) -> dict[str, Any]:
+    """Offline, ``tool_choice="required"``: output tokens/s of ours against vLLM's structural tag
+    (what ``--tool-call-parser hermes --tool-strict-level parameter`` sends), alternating passes."""
+    from vllm import SamplingParams
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.sampling_params import StructuredOutputsParams
+    from vllm.tool_parsers.structural_tag_registry import get_model_structural_tag
+    from vllm.tool_parsers.tool_strict_level import ToolStrictLevel
+
+    from hermes_vllm import constraint_args
+    from hermes_vllm.testing import tiny_model_path
+    from hermes_vllm.testing.engine import offline_llm
+
+    llm = offline_llm(tiny_model_path(tokenizer_name))  # type: ignore[arg-type]
+    chat = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], tools=TOOLS)
+    tag = get_model_structural_tag(
+        "hermes", chat.tools, "required", False, strict_level=ToolStrictLevel.PARAMETER
+    )
+    assert tag is not None
+    common: dict[str, Any] = {"temperature": 1.0, "max_tokens": max_tokens}
+    kinds = {
+        "hermes_vllm": SamplingParams(**common, extra_args=constraint_args(TOOLS, "required")),
+        "vllm_structural_tag": SamplingParams(
+            **common, structured_outputs=StructuredOutputsParams(structural_tag=json.dumps(tag.model_dump()))
+        ),
+    }
+    prompt = "<|im_start|>user\nPlease help.<|im_end|>\n<|im_start|>assistant\n"
+    rates: dict[str, list[float]] = {k: [] for k in kinds}
+    for n in range(passes + 1):
+        for name in kinds if n % 2 else reversed(kinds):
+            start = time.perf_counter()
+            outputs = llm.generate([prompt] * requests, kinds[name], use_tqdm=False)
+            tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+            if n:  # the first pass warms both up
+                rates[name].append(tokens / (time.perf_counter() - start))
+    ratios = [a / b for a, b in zip(rates["hermes_vllm"], rates["vllm_structural_tag"], strict=True)]
+    return {
+        "requests": requests,
+        "max_tokens": max_tokens,
+        "tokens_per_s": {k: [round(r, 1) for r in v] for k, v in rates.items()},
+        "ratio_per_pass": [round(r, 3) for r in ratios],
+        "ratio_median": round(statistics.median(ratios), 3),
+    }
+
+
 def plot(results: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -258,13 +310,13 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for share in sorted({r["span_share"] for r in results}):
-        rows = [r for r in results if r["span_share"] == share]
+    for share, budget in sorted({(r["span_share"], r["budget"]) for r in results}):
+        rows = [r for r in results if r["span_share"] == share and r["budget"] == budget]
         ax.plot(
             [r["batch"] for r in rows],
             [r["us_per_row"] for r in rows],
             marker="o",
-            label=f"{share:.0%} rows in a call",
+            label=f"{share:.0%} rows in a call" + (", budget" if budget else ""),
         )
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch size")
@@ -284,6 +336,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--e2e", action="store_true", help="also measure served tokens/s (three servers)")
     parser.add_argument("--first-token", action="store_true", help="also measure the compile wait")
+    parser.add_argument(
+        "--required-offline", action="store_true", help="also: required mode against vLLM's structural tag"
+    )
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=2, help="requests per burst / concurrency")
     parser.add_argument("--max-tokens", type=int, default=256)
@@ -296,6 +351,9 @@ def main() -> None:
     report: dict[str, Any] = {"per_step": results}
     if args.first_token:
         report["first_token"] = first_token(args.tokenizer, 15)
+    if args.required_offline:
+        report["required_offline"] = required_offline(args.tokenizer, args.concurrency, 128, args.passes)
+        print(json.dumps(report["required_offline"]), flush=True)
     if args.e2e:
         report["end_to_end"] = end_to_end(
             args.tokenizer, args.concurrency, args.rounds, args.max_tokens, args.passes

@@ -19,6 +19,12 @@ from hermes_vllm.schema import Coverage
 
 ARGS_KEY = "hermes_vllm"
 FORMAT_VERSION = 1
+BUDGET_KEY = "hermes_vllm_reasoning_budget"
+"""Tokens each reasoning/hidden span may hold (``vllm_xargs``: the tool parser rewrites
+``ARGS_KEY``, so the budget travels under its own key); vLLM's ``thinking_token_budget`` wins."""
+CUT_KEY = "hermes_vllm_cut_policy"
+"""``close`` or ``drop``: what ``max_tokens`` does to a begun call (see ``Limits.cut_policy``)."""
+CUT_POLICIES = ("close", "drop")
 
 
 @dataclass(frozen=True)
@@ -40,10 +46,17 @@ def constraint_args(
     parallel_tool_calls: bool = True,
     dialect: str = DEFAULT_DIALECT,
     coverage: Coverage = "strict",
-) -> dict[str, str]:
+    *,
+    reasoning_budget: int | None = None,
+    cut_policy: str | None = None,
+) -> dict[str, Any]:
     """``extra_args`` that make the hermes-vllm logits processor constrain this request.
 
     Pass the result as ``SamplingParams(extra_args=...)`` offline, or as ``vllm_xargs`` over HTTP.
+    ``reasoning_budget``: tokens each reasoning/hidden span may hold before its closing tag is
+    forced (vLLM's own ``thinking_token_budget``, where set, takes precedence). ``cut_policy``:
+    ``close`` or ``drop`` for a call ``max_tokens`` would cut (default: ``close`` under
+    ``required`` / named, ``drop`` under ``auto``).
     """
     payload = {
         "v": FORMAT_VERSION,
@@ -55,7 +68,12 @@ def constraint_args(
         "dialect": dialect,
         "coverage": coverage,
     }
-    return {ARGS_KEY: json.dumps(payload, ensure_ascii=False, separators=(",", ":"))}
+    args: dict[str, Any] = {ARGS_KEY: json.dumps(payload, ensure_ascii=False, separators=(",", ":"))}
+    if reasoning_budget is not None:
+        args[BUDGET_KEY] = reasoning_budget
+    if cut_policy is not None:
+        args[CUT_KEY] = cut_policy
+    return args
 
 
 def special_tags(tokenizer: Any, *dialects: str | Dialect) -> frozenset[str]:
@@ -143,6 +161,26 @@ def decode_constraint(raw: str) -> ConstraintRequest:
     if coverage not in ("strict", "lenient"):
         raise ValueError(f"{ARGS_KEY}.coverage: expected 'strict' or 'lenient', got {coverage!r}")
     return ConstraintRequest(tuple(tools), data.get("tool_choice", "auto"), parallel, dialect, coverage, raw)
+
+
+@dataclass(frozen=True)
+class BudgetOptions:
+    """A request's own budget options from ``extra_args`` (``None``: the server's default)."""
+
+    reasoning_budget: int | None
+    cut_policy: str | None
+
+
+def parse_budget(extra_args: Mapping[str, Any] | None) -> BudgetOptions:
+    """The budget keys of ``extra_args``; ``ValueError`` when malformed (HTTP 400)."""
+    args = extra_args or {}
+    budget = args.get(BUDGET_KEY)
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
+        raise ValueError(f"{BUDGET_KEY}: expected a non-negative integer, got {budget!r}")
+    policy = args.get(CUT_KEY)
+    if policy is not None and policy not in CUT_POLICIES:
+        raise ValueError(f"{CUT_KEY}: expected one of {', '.join(CUT_POLICIES)}, got {policy!r}")
+    return BudgetOptions(budget, policy)
 
 
 def parse_constraint(extra_args: Mapping[str, Any] | None) -> ConstraintRequest | None:

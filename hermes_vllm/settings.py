@@ -43,6 +43,16 @@ class Limits:
     """Whitespace characters allowed in each gap between two JSON tokens inside a call (and around
     the call's JSON). One covers compact and ``json.dumps`` style; xgrammar's masks inside calls
     cost about 4x more with 4 (benchmarks/results/compile-whitespace4.json)."""
+    reasoning_budget: int = -1
+    """Tokens each reasoning or hidden span may hold before its closing tag is forced, for requests
+    that set no budget of their own (``thinking_token_budget``); -1: unbounded."""
+    budget_margin: int = 4
+    """Tokens kept beyond a call's shortest spelling by the reserve and by the steering that closes
+    a call before ``max_tokens``: room for a forced token the engine refuses and a shorter one."""
+    cut_policy: str = ""
+    """What the budget does with a call ``max_tokens`` would cut: ``close`` (steer it to its
+    shortest valid completion) or ``drop`` (let it be cut; the parser drops it); empty: ``close``
+    for ``required`` and named tool choices, ``drop`` for ``auto``."""
 
 
 def _coerce(raw: str, kind: type) -> object:
@@ -59,7 +69,7 @@ def get_limits() -> Limits:
     for f in fields(Limits):
         env = f"HERMES_VLLM_{f.name.upper()}"
         if env in os.environ:
-            kind = int if f.type in (int, "int") else float
+            kind = int if f.type in (int, "int") else str if f.type in (str, "str") else float
             try:
                 overrides[f.name] = _coerce(os.environ[env], kind)
             except ValueError as err:

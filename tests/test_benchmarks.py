@@ -47,6 +47,16 @@ def test_processor_per_step_runs(tmp_path: Path) -> None:
     assert (tmp_path / "processor-mistral-v1.png").stat().st_size > 0
 
 
+def test_budget_cache_trace_runs(tmp_path: Path) -> None:
+    run("budget.py", "--cache", out=tmp_path)
+    cache = json.loads((tmp_path / "budget-cache.json").read_text())["cache"]
+    assert (
+        cache["processor_counts"]
+        > cache["grammar_holds_span_budget"]
+        > cache["grammar_holds_budget_and_reserve"]
+    )
+
+
 def test_memory_compile_mode_runs(tmp_path: Path) -> None:
     env_off = {"HERMES_VLLM_CACHE_BYTES": "0", "HERMES_VLLM_XGRAMMAR_CACHE_BYTES": "0"}
     args = ("memory.py", "--mode", "compile", "--phases", "2", "--per-phase", "5", "--sets", "10")

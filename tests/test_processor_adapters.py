@@ -73,7 +73,7 @@ def params(
     tools: list[dict[str, Any]] | None, choice: Any = "auto", stop: list[int] | None = None
 ) -> SamplingParams:
     extra = constraint_args(tools, choice) if tools is not None else None
-    p = SamplingParams(extra_args=extra, stop_token_ids=stop or [])
+    p = SamplingParams(max_tokens=1024, extra_args=extra, stop_token_ids=stop or [])
     return p
 
 

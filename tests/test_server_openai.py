@@ -275,17 +275,25 @@ def test_a_call_cut_by_max_tokens_leaves_the_calls_before_it(served: Served, cho
     if choice == "auto" and not served.opens_calls:
         pytest.skip("under auto the random model opens a call only if the tag is one (biased) token")
     budgets = {seed: 30 + 11 * seed for seed in range(12)}
+    # Under required the budget closes a call max_tokens would cut; the drop policy lets it be cut.
+    drop = {"return_token_ids": True, "vllm_xargs": {"hermes_vllm_cut_policy": "drop"}}
 
     async def cut_reply() -> tuple[Reply, Reply]:
         replies = await asyncio.gather(
-            *(ask(served, False, tool_choice=choice, seed=s, max_tokens=n) for s, n in budgets.items())
+            *(
+                ask(served, False, tool_choice=choice, seed=s, max_tokens=n, extra_body=drop)
+                for s, n in budgets.items()
+            )
         )
         cut = [
             (s, r) for s, r in zip(budgets, replies, strict=True) if ends_inside_call(r.raw, served.dialect)
         ]
         assert cut, "no reply ended inside a call: change the budgets"
         seed, whole = max(cut, key=lambda sr: len(sr[1].calls))
-        return whole, await ask(served, True, tool_choice=choice, seed=seed, max_tokens=budgets[seed])
+        streamed = await ask(
+            served, True, tool_choice=choice, seed=seed, max_tokens=budgets[seed], extra_body=drop
+        )
+        return whole, streamed
 
     whole, streamed = asyncio.run(cut_reply())
     assert whole.calls == streamed.calls == complete_calls(whole.raw, served.dialect)

@@ -184,7 +184,7 @@ class ToolCallMatcher:
         return all(self._inner.accept_token(i) for i in ids) and self._inner.can_end()
 
 
-def _utf8_need(need: int, data: str) -> int:
+def utf8_need(need: int, data: str) -> int:
     """Continuation bytes still missing after ``data`` (bytes as latin-1 chars), given ``need`` before."""
     for ch in data:
         byte = ord(ch)
@@ -250,7 +250,7 @@ class _Gate:
             return
         text = self._latin1[token_id] if 0 <= token_id < len(self._latin1) else ""
         if self._utf8_need or not text.isascii():
-            self._utf8_need = _utf8_need(self._utf8_need, text)
+            self._utf8_need = utf8_need(self._utf8_need, text)
         if self._recheck or any(c in text for c in self._marks):
             self._tail += text
             tail = read_tail(self._tail, self._dialect)

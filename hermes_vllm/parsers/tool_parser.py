@@ -27,6 +27,7 @@ from vllm.tool_parsers.abstract_tool_parser import ToolParser
 
 from hermes_vllm.constraint import constraint_args
 from hermes_vllm.dialect import DEFAULT_DIALECT, get_dialect
+from hermes_vllm.grammar.budget import register_tokenizer
 from hermes_vllm.parsers import finish_reason
 from hermes_vllm.parsers.responses_api import responses_tool_choice, responses_tools
 from hermes_vllm.parsers.shared import delta_message, keep_special_tags
@@ -57,6 +58,7 @@ class DialectToolParser(ToolParser):  # type: ignore[misc]
         # Runs in the API server only, before vLLM looks the non-streaming method up (idempotent).
         finish_reason.install()
         remote.install()  # engines on other hosts confirm activation through vLLM's RPC
+        register_tokenizer(tokenizer)  # the frontend's reserve check counts the shortest call with it
         self.dialect = get_dialect(self.dialect_name)
         self._stream: SpanStream | None = None
         self._calls_sent = 0

@@ -35,15 +35,24 @@ import numpy as np
 import torch
 import xgrammar as xgr
 
-from hermes_vllm.constraint import ConstraintRequest, parse_constraint
+from hermes_vllm.constraint import ConstraintRequest, parse_budget, parse_constraint
 from hermes_vllm.dialect import Dialect
 from hermes_vllm.grammar import GrammarCompileError, ToolGrammarCompiler
+from hermes_vllm.grammar.budget import (
+    MARK,
+    NOTHING,
+    Plan,
+    Speller,
+    TurnBudget,
+    frontend_tokenizer,
+)
 from hermes_vllm.grammar.compiler import (
     CompiledToolGrammar,
     PreparedTurn,
     ToolCallMatcher,
     prepare_constraint,
 )
+from hermes_vllm.grammar.completion import CallCompleter
 from hermes_vllm.grammar.engines import get_engine_class
 from hermes_vllm.grammar.engines.base import EngineGrammar, allocate_bitmask
 from hermes_vllm.memo import memoize_small
@@ -57,19 +66,53 @@ logger = logging.getLogger(__name__)
 BATCH_FILL_MIN = 8
 
 
-def validate_request(extra_args: Any, engine: str) -> ConstraintRequest | None:
-    """Frontend check of a request's constraint (no tokenizer needed); ``ValueError`` -> HTTP 400."""
+def validate_request(extra_args: Any, engine: str, max_tokens: int | None = None) -> ConstraintRequest | None:
+    """Frontend check of a request's constraint; ``ValueError`` -> HTTP 400.
+
+    Where the frontend knows the tokenizer (:func:`register_tokenizer`), a ``required`` / named
+    request whose ``max_tokens`` cannot hold the turn's shortest call plus the margin is refused
+    with both numbers; without it the engine still forces the call to open in time.
+    """
     request = parse_constraint(extra_args)
     if request is not None:
-        _validate(request, engine)
+        prepared = _validate(request, engine)
+        parse_budget(extra_args)
+        tokenizer = frontend_tokenizer()
+        if max_tokens is not None and prepared.spec.mode == "required" and tokenizer is not None:
+            text = shortest_call_text(request, engine)
+            if text is not None:
+                margin = get_limits().budget_margin
+                call = len(tokenizer.encode(text, add_special_tokens=False))
+                if max_tokens < call + margin:
+                    raise ValueError(
+                        f"max_tokens={max_tokens} cannot hold the shortest call this tool_choice "
+                        f"requires: {call + margin} tokens ({call} for {text!r} plus a margin of "
+                        f"{margin}, HERMES_VLLM_BUDGET_MARGIN); raise max_tokens"
+                    )
     return request
 
 
 @memoize_small(lambda request, engine: len(request.raw))
-def _validate(request: ConstraintRequest, engine: str) -> None:
+def _validate(request: ConstraintRequest, engine: str) -> PreparedTurn:
     """Cached by the request's constraint: agents resend the same tools with every turn."""
     engine_cls = get_engine_class(engine)
-    engine_cls.check(prepare_constraint(request.raw, engine_cls, get_limits()).spec)
+    prepared = prepare_constraint(request.raw, engine_cls, get_limits())
+    engine_cls.check(prepared.spec)
+    return prepared
+
+
+@memoize_small(lambda request, engine: len(request.raw))
+def completer_of(request: ConstraintRequest, engine: str) -> CallCompleter:
+    """The turn's call completer, cached by the constraint (the frontend's check and the engine's
+    budget read the same turn)."""
+    spec = _validate(request, engine).spec
+    return CallCompleter(spec.dialect, [(t.name, t.parameters) for t in spec.tools])
+
+
+@memoize_small(lambda request, engine: len(request.raw))
+def shortest_call_text(request: ConstraintRequest, engine: str) -> str | None:
+    """The shortest whole call of a turn; ``None`` where its schemas defy construction."""
+    return completer_of(request, engine).shortest_call()
 
 
 @dataclass(slots=True)
@@ -96,6 +139,19 @@ class RowState:
     quiet: bool = False
     """Gated, engine off, at a clean point: a new token matters only if it holds a watched byte.
     Kept up to date by :meth:`ConstraintCore.advance`, so that a step tests one field a row."""
+    budget: TurnBudget | None = None
+    """The row's token budgets (span budgets, call reserve, closing cut calls)."""
+    quiet_until: int = 1 << 62
+    """From this many consumed tokens on, the budget reads every token: the row is never quiet."""
+    paused: np.ndarray | None = None
+    """An engine-only row inside a reasoning span (:meth:`TurnBudget.in_quiet_span`): the mask
+    the engine gave there, reused while the engine is left alone."""
+    refused_stops: tuple[str, ...] = ()
+    """The request's stop strings (latin-1): no token may complete one inside a call, nor before
+    the call a ``required`` turn owes."""
+    refused_in_calls: tuple[str, ...] = ()
+    """The reasoning tag, refused inside calls when vLLM's own thinking budget watches the row
+    (vLLM would start counting a span there and force its closing tag into the call)."""
 
     @property
     def dialect(self) -> Dialect:
@@ -122,11 +178,19 @@ class ConstraintCore:
         self._quiet_holds: np.ndarray | None = None
         """Tokens holding a byte any quiet row watches (the union over the dialects seen)."""
         self._quiet_watches: set[bytes] = set()
+        self._containing: dict[str, np.ndarray] = {}
+        self._starting: dict[str, np.ndarray] = {}
+        self._no_call: dict[str, np.ndarray] = {}
 
     @cached_property
     def compiler(self) -> ToolGrammarCompiler:
         """Built on first use: loading a 150k-token vocabulary is not free."""
         return ToolGrammarCompiler(self._tokenizer_loader(), engine=self.engine, vocab_size=self.vocab_size)
+
+    @cached_property
+    def speller(self) -> Speller:
+        """Spells forced text; stop tokens never spell text."""
+        return Speller(self.compiler.vocab.latin1, self.compiler.vocab.stop_token_ids)
 
     @cached_property
     def _byte_index(self) -> tuple[np.ndarray, np.ndarray]:
@@ -149,8 +213,33 @@ class ConstraintCore:
             out |= self._holds_byte[byte]
         return out
 
-    def admit(self, extra_args: Any, stop_token_ids: Sequence[int]) -> RowState | None:
-        """Start constraining a request entering the batch; ``None`` when it asks for nothing."""
+    def admit_params(self, params: Any) -> RowState | None:
+        """:meth:`admit` for a ``SamplingParams``: its stop tokens, ``max_tokens``, stop strings and
+        ``thinking_token_budget``."""
+        return self.admit(
+            params.extra_args,
+            params.all_stop_token_ids,
+            max_tokens=params.max_tokens,
+            thinking_budget=getattr(params, "thinking_token_budget", None),
+            stop=params.stop or (),
+        )
+
+    def admit(
+        self,
+        extra_args: Any,
+        stop_token_ids: Sequence[int],
+        *,
+        max_tokens: int | None = None,
+        thinking_budget: int | None = None,
+        stop: str | Sequence[str] = (),
+    ) -> RowState | None:
+        """Start constraining a request entering the batch; ``None`` when it asks for nothing.
+
+        ``thinking_budget`` is vLLM's ``thinking_token_budget``: it wins over the request's
+        ``vllm_xargs`` budget and the server's ``HERMES_VLLM_REASONING_BUDGET``, and is counted
+        per span exactly as vLLM's own thinking budget counts it, so the two force the closing tag
+        at the same token.
+        """
         request = parse_constraint(extra_args)
         if request is None:
             return None
@@ -160,6 +249,8 @@ class ConstraintCore:
         stops = tuple(dict.fromkeys((*self.compiler.vocab.stop_token_ids, *stop_token_ids)))
         gated = prepared.spec.mode == "auto" and self.compiler.vocab.gate_allowed(prepared.spec.dialect)
         state = RowState(request, prepared, self.compiler.submit(prepared), stops, gated)
+        if max_tokens is not None and prepared.spec.mode != "none":
+            self._budget(state, extra_args, max_tokens, thinking_budget, stop)
         if gated:
             state.watch = self._begin_bytes(state.dialect)
             state.quiet = True
@@ -169,12 +260,54 @@ class ConstraintCore:
                 self._quiet_holds = holds if self._quiet_holds is None else self._quiet_holds | holds
         return state
 
+    def _budget(
+        self,
+        state: RowState,
+        extra_args: Any,
+        max_tokens: int,
+        thinking: int | None,
+        stop: str | Sequence[str],
+    ) -> None:
+        """Attach the row's :class:`TurnBudget` and the texts refused inside its calls."""
+        limits = get_limits()
+        options = parse_budget(extra_args)
+        span_budget = thinking if thinking is not None else options.reasoning_budget
+        if span_budget is None and limits.reasoning_budget >= 0:
+            span_budget = limits.reasoning_budget
+        spec = state.prepared.spec
+        required = spec.mode == "required"
+        policy = options.cut_policy or limits.cut_policy or ("close" if required else "drop")
+        shortest = shortest_call_text(state.request, self.engine)
+        close = policy == "close"
+        count = None if shortest is None else self.speller.count(_latin1(shortest + (MARK if close else "")))
+        budget = TurnBudget(
+            spec.dialect, completer_of(state.request, self.engine), self.speller,
+            max_tokens=max_tokens, span_budget=span_budget, required=required,
+            close=close, margin=limits.budget_margin, shortest_call=count or 0,
+        )  # fmt: skip
+        state.budget = budget
+        state.quiet_until = max_tokens - budget.alert
+        end = spec.dialect.tool_call.end
+        stops = [stop] if isinstance(stop, str) else list(stop)
+        # A stop string the call's closing tag holds (or that holds it) cannot be refused.
+        state.refused_stops = tuple(
+            _latin1(s) for s in dict.fromkeys(stops) if s and end not in s and s not in end
+        )
+        if thinking is not None:
+            state.refused_in_calls = tuple(_latin1(p.begin) for p in spec.dialect.reasoning)
+
     @staticmethod
     def _begin_bytes(dialect: Dialect) -> bytes:
         return bytes({ord(p.begin[0]) for p in (dialect.tool_call, *dialect.free_spans)})
 
     def advance(self, state: RowState, new_tokens: Sequence[int]) -> None:
         """Feed a row the tokens committed since the last step."""
+        budget = state.budget
+        if budget is not None and new_tokens and state.failed is None:
+            latin1 = self.compiler.vocab.latin1
+            for token in new_tokens:
+                budget.feed(latin1[token] if 0 <= token < len(latin1) else "")
+            state.quiet_until = budget.max_tokens - budget.alert
         self._advance(state, new_tokens)
         state.quiet = (
             state.gated and state.matcher is None and bool(state.watch) and not state.pending
@@ -187,6 +320,11 @@ class ConstraintCore:
         if state.failed is not None:
             return
         if not state.gated:
+            if state.paused is not None:
+                assert state.budget is not None
+                if state.budget.in_quiet_span():
+                    return  # the span's content does not move the grammar: the engine waits
+                state.paused = None
             self._feed_engine(state, new_tokens)
             return
         if state.matcher is not None:
@@ -286,7 +424,7 @@ class ConstraintCore:
         quiet_tokens: list[int] = []
         active: list[tuple[int, RowState]] = []
         for row, state, tokens in updates:
-            if state.quiet and len(tokens) == 1:
+            if state.quiet and len(tokens) == 1 and state.consumed < state.quiet_until:
                 quiet_rows.append(row)
                 quiet_states.append(state)
                 quiet_tokens.append(tokens[0])
@@ -323,6 +461,16 @@ class ConstraintCore:
         masked = []
         engine_rows: list[tuple[int, ToolCallMatcher]] = []
         for row, state in rows:
+            budget = state.budget
+            if budget is not None and state.failed is None:
+                plan = budget.plan(state.consumed)
+                if plan is not NOTHING or self._refused(state, budget):
+                    if state.matcher is None and not state.gated:
+                        self._feed_engine(state, ())
+                    if state.failed is None:
+                        self._fill_budgeted(row, state, plan)
+                        masked.append(row)
+                        continue
             if state.matcher is None and state.gated and state.failed is None:
                 continue
             if state.failed is None and not state.gated and state.matcher is None:
@@ -330,7 +478,14 @@ class ConstraintCore:
             if state.failed is not None:
                 self._allow_only(row, state.stop_ids)
                 masked.append(row)
+            elif state.paused is not None:
+                self.bitmask[row].numpy()[:] = state.paused
+                masked.append(row)
             elif state.matcher is not None:
+                if budget is not None and not state.gated and budget.in_quiet_span():
+                    self._pause(row, state)
+                    masked.append(row)
+                    continue
                 engine_rows.append((row, state.matcher))
         if len(engine_rows) >= BATCH_FILL_MIN:
             # Many rows inside calls: one parallel fill; every such row is masked.
@@ -341,6 +496,84 @@ class ConstraintCore:
             masked += [r for r, m in engine_rows if m.fill_bitmask(self.bitmask, r)]
         return masked
 
+    def _pause(self, row: int, state: RowState) -> None:
+        """Fill the row from the engine once more and keep that mask for the span's content."""
+        assert state.matcher is not None
+        if not state.matcher.fill_bitmask(self.bitmask, row):
+            self.bitmask[row].fill_(-1)
+        state.paused = self.bitmask[row].numpy().copy()
+
+    def _fill_budgeted(self, row: int, state: RowState, plan: Plan) -> None:
+        """The row's mask as the grammar has it, narrowed by what its budget demands.
+
+        A forced text is written with the longest token spelling a prefix of it that the mask
+        allows: never a token the grammar refuses (if none is allowed, nothing is forced).
+        """
+        budget = state.budget
+        assert budget is not None
+        if state.matcher is None or not state.matcher.fill_bitmask(self.bitmask, row):
+            self.bitmask[row].fill_(-1)
+        words = self.bitmask[row].numpy()
+        if plan.force:
+            for token in self.speller.prefixes(plan.force):
+                if words[token >> 5] >> (token & 31) & 1:
+                    self._allow_only(row, (token,))
+                    return
+            logger.warning("hermes-vllm: the grammar refuses the forced text %r; not forcing", plan.force)
+            budget.forcing = ""
+        if plan.ban_call:
+            words &= self._no_call_words(state.dialect, words.size)
+        refused = self._refused(state, budget)
+        if refused:
+            bits = words.view(np.uint32)
+            before = bits.copy()
+            for token in self._completing(budget.text, refused):
+                bits[token >> 5] &= np.uint32(0xFFFFFFFF ^ (1 << (token & 31)))
+            if not bits.any():  # the grammar itself spells the refused text here: it must pass
+                bits[:] = before
+
+    @staticmethod
+    def _refused(state: RowState, budget: TurnBudget) -> tuple[str, ...]:
+        """The texts no token may complete here."""
+        if not (state.refused_stops or state.refused_in_calls) or not budget.guarded():
+            return ()
+        return state.refused_stops + state.refused_in_calls if budget.in_call() else state.refused_stops
+
+    def _completing(self, text: str, refused: Sequence[str]) -> list[int]:
+        """Tokens that would complete one of ``refused`` after ``text``."""
+        out: list[int] = []
+        for s in refused:
+            out += np.flatnonzero(self._holding(s)).tolist()
+            for k in range(1, len(s)):
+                if text.endswith(s[:k]):
+                    out += self._starts_with(s[k:]).tolist()
+        return out
+
+    def _holding(self, s: str) -> np.ndarray:
+        if s not in self._containing:
+            self._containing[s] = np.array([s in p for p in self.compiler.vocab.latin1], dtype=bool)
+        return self._containing[s]
+
+    def _starts_with(self, s: str) -> np.ndarray:
+        if s not in self._starting:
+            latin1 = self.compiler.vocab.latin1
+            self._starting[s] = np.array([i for i, p in enumerate(latin1) if p.startswith(s)], dtype=np.int64)
+        return self._starting[s]
+
+    def _no_call_words(self, dialect: Dialect, words: int) -> np.ndarray:
+        """Packed mask of the tokens that cannot begin a call tag (hold none of it, and end with no
+        part of its beginning)."""
+        begin = _latin1(dialect.tool_call.begin)
+        if begin not in self._no_call:
+            prefixes = tuple(begin[:k] for k in range(1, len(begin)))
+            allowed = np.array(
+                [begin not in p and not p.endswith(prefixes) for p in self.compiler.vocab.latin1], dtype=bool
+            )
+            padded = np.ones(words * 32, dtype=bool)
+            padded[: allowed.size] = allowed
+            self._no_call[begin] = np.packbits(padded, bitorder="little").view(np.int32)
+        return self._no_call[begin]
+
     def _allow_only(self, row: int, token_ids: Sequence[int]) -> None:
         words = self.bitmask[row].zero_().numpy()
         for token in token_ids:
@@ -350,3 +583,18 @@ class ConstraintCore:
         words = (width + 31) // 32
         if self.bitmask.shape[0] < rows or self.bitmask.shape[1] != words:
             self.bitmask = allocate_bitmask(max(rows, 2 * self.bitmask.shape[0]), width, self.pin_memory)
+
+
+def _latin1(text: str) -> str:
+    return text.encode("utf-8").decode("latin-1")
+
+
+class LazyTokenizer:
+    """The core's tokenizer for the frontend check of an in-process engine, loaded on first use."""
+
+    def __init__(self, core: ConstraintCore) -> None:
+        self._core = core
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        tokenizer = self._core.compiler.vocab.tokenizer
+        return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))

@@ -50,7 +50,7 @@ class V1ToolCallLogitsProcessor(V1LogitsProcessor):  # type: ignore[misc]
         self, params: SamplingParams, _prompt: list[int] | None, output: list[int]
     ) -> tuple[RowState, list[int]] | None:
         assert self.core is not None
-        state = self.core.admit(params.extra_args, params.all_stop_token_ids)
+        state = self.core.admit_params(params)
         return None if state is None else (state, output)
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:

@@ -37,7 +37,7 @@ _active_seen = False
 def validate_constraint(params: SamplingParams) -> None:
     """Frontend admission check shared by both runners: ``ValueError`` becomes HTTP 400."""
     global _active_seen
-    request = validate_request(params.extra_args, engine_name())
+    request = validate_request(params.extra_args, engine_name(), params.max_tokens)
     if request is None:
         return
     if not _active_seen:
@@ -88,7 +88,7 @@ class ToolCallLogitsProcessor(V2LogitsProcessor):  # type: ignore[misc]
         self._resumed.discard(req_idx)
         if self.core is None:
             return False
-        state = self.core.admit(sampling_params.extra_args, sampling_params.all_stop_token_ids)
+        state = self.core.admit_params(sampling_params)
         if state is None:
             return False
         self.slots[req_idx] = state

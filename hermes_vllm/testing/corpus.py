@@ -145,3 +145,12 @@ def load_bfcl(path: Path) -> list[BfclCase]:
     answers_path = path.parent / "possible_answer" / path.name
     answers = {a["id"]: a["ground_truth"] for a in _json_lines(answers_path)} if answers_path.exists() else {}
     return [BfclCase(q["id"], q["function"], answers.get(q["id"])) for q in _json_lines(path)]
+
+
+def sample_tool_sets(count: int, seed: int = 1) -> list[list[dict[str, Any]]]:
+    """``count`` BFCL tool sets drawn from all files (the same ones for the same seed)."""
+    import random
+
+    sets = [case.tools for path in bfcl_files() for case in load_bfcl(path)]
+    random.Random(seed).shuffle(sets)
+    return sets[:count]

@@ -1,0 +1,272 @@
+"""Token budgets of one turn: span budgets, the reserve for a ``required`` call, closing cut calls.
+
+Engine-free and vLLM-free: the processor core feeds a :class:`TurnBudget` each row's tokens (as
+latin-1 text, one char a byte) and asks it, before each mask, what the budget demands now:
+
+- a reasoning or hidden span that has used its budget (``thinking_token_budget``, per span,
+  counted like vLLM counts it: the tokens after the one that completed the opening tag) gets its
+  closing tag next;
+- under ``required`` / named, before the first call, free spans may use only what leaves room for
+  the shortest call of the turn (its tokens in this vocabulary plus a margin, the *reserve*); when
+  the room is down to that, the span closes and the call opens;
+- a begun call whose shortest valid completion (read by :class:`CallCompleter`) no longer fits
+  with the margin is steered to that completion (policy ``close``), followed by :data:`MARK` in
+  the content so the reply says which call the budget closed; policy ``drop`` leaves it to be
+  cut (the parsers drop an unclosed call);
+- where no call is owed, no new call may open once its shortest spelling no longer fits.
+
+What is forced is text; the core writes it with the longest token that spells a prefix of it and
+that the engine's mask allows (:class:`Speller`), so the grammar decides every token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hermes_vllm.dialect import Dialect
+from hermes_vllm.grammar.compiler import utf8_need
+from hermes_vllm.grammar.completion import CallCompleter
+from hermes_vllm.spans import Tail, partial_tag_suffix, read_tail
+
+MARK = " [closed by max_tokens]"
+"""Content written right after a call that the budget closed (its arguments may be truncated)."""
+_LONGEST = 64
+"""Longest token spelling tried when spelling text (characters)."""
+
+
+def _latin1(text: str) -> str:
+    return text.encode("utf-8").decode("latin-1")
+
+
+def _finish_character(text: str) -> str:
+    """Continuation bytes (latin-1) that complete a character split at the end of ``text``,
+    chosen so the character is valid UTF-8 (no overlong form, no surrogate)."""
+    for back in range(1, min(4, len(text)) + 1):
+        byte = ord(text[-back])
+        if 0x80 <= byte < 0xC0:
+            continue
+        size = 4 if byte >= 0xF0 else 3 if byte >= 0xE0 else 2 if byte >= 0xC0 else 1
+        missing = size - back
+        if missing <= 0:
+            return ""
+        first = {0xE0: 0xA0, 0xF0: 0x90}.get(byte, 0x80) if back == 1 else 0x80
+        return chr(first) + "\x80" * (missing - 1)
+    return ""
+
+
+class Speller:
+    """Greedy longest-prefix spelling of text in one vocabulary's tokens: what forcing writes."""
+
+    def __init__(self, latin1: Sequence[str], exclude: Iterable[int] = ()) -> None:
+        excluded = set(exclude)
+        self._ids: dict[str, list[int]] = {}
+        for token_id, piece in enumerate(latin1):
+            if piece and token_id not in excluded:
+                self._ids.setdefault(piece, []).append(token_id)
+        self._longest = min(max((len(p) for p in self._ids), default=1), _LONGEST)
+
+    def prefixes(self, text: str) -> list[int]:
+        """Tokens whose bytes are a prefix of ``text`` (latin-1), longest first."""
+        out: list[int] = []
+        for k in range(min(len(text), self._longest), 0, -1):
+            out += self._ids.get(text[:k], ())
+        return out
+
+    def count(self, text: str) -> int | None:
+        """Tokens of the greedy spelling of ``text`` (latin-1); ``None`` if it cannot be spelled."""
+        n, pos = 0, 0
+        while pos < len(text):
+            for k in range(min(len(text) - pos, self._longest), 0, -1):
+                if text[pos : pos + k] in self._ids:
+                    pos += k
+                    n += 1
+                    break
+            else:
+                return None
+        return n
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the budget demands of the next token."""
+
+    force: str = ""
+    """Text (latin-1) the next tokens must spell; empty: nothing forced."""
+    ban_call: bool = False
+    """No call may begin with the next token."""
+
+
+NOTHING = Plan()
+
+
+class TurnBudget:
+    """One request's budgets, following its text token by token."""
+
+    def __init__(
+        self,
+        dialect: Dialect,
+        completer: CallCompleter,
+        speller: Speller,
+        *,
+        max_tokens: int,
+        span_budget: int | None,
+        required: bool,
+        close: bool,
+        margin: int,
+        shortest_call: int,
+    ) -> None:
+        self.dialect = dialect
+        self.completer = completer
+        self.speller = speller
+        self.max_tokens = max_tokens
+        self.span_budget = span_budget
+        self.required = required
+        self.close = close
+        self.margin = margin
+        self.reserve = shortest_call + margin
+        """Tokens a call needs at the least, plus the margin."""
+        self.text = ""
+        """Text since the last clean point (latin-1)."""
+        self.tail: Tail = read_tail("", dialect)
+        self.calls = 0
+        """Calls begun before the last clean point."""
+        self.span_tokens = 0
+        """Tokens in the open reasoning/hidden span after its opening tag."""
+        self.forcing = ""
+        """Forced text not yet written."""
+        self.closed_calls = 0
+        """Calls this budget closed."""
+        self._need = self.reserve
+        self._utf8 = 0
+        """Continuation bytes the text's last character still needs."""
+        self._marks = "".join({p.begin[0] for p in (dialect.tool_call, *dialect.free_spans)})
+        self._free_ends = {p.end for p in dialect.free_spans}
+
+    @property
+    def alert(self) -> int:
+        """From this many tokens left on, the budget must look at every token (clean free text
+        included); before it, clean free text without a tag's first byte changes nothing."""
+        return max(self.reserve, 2 * self._need) + self.margin + 1
+
+    @property
+    def calls_begun(self) -> int:
+        return self.calls + self.tail.calls + (self.tail.begun == "call")
+
+    def in_quiet_span(self) -> bool:
+        """Inside a reasoning/hidden span before any call, no closing tag begun, at a character
+        boundary: the grammar's state is the same as at the span's first token, so a row whose
+        engine runs everywhere (``required``) may leave it alone until a token changes that."""
+        tail = self.tail
+        span = tail.open
+        return (
+            span is not None and span.kind != "call" and not tail.end_begun and self._utf8 == 0
+            and self.calls_begun == 0
+        )  # fmt: skip
+
+    def guarded(self) -> bool:
+        """Inside a call, or before the call a ``required`` turn owes: where a stop string must
+        not end the request (it would cut the call, or leave the reply without one)."""
+        return self.in_call() or (self.required and self.calls_begun == 0)
+
+    def in_call(self) -> bool:
+        tail = self.tail
+        return (tail.open is not None and tail.open.kind == "call") or tail.begun == "call"
+
+    def feed(self, piece: str) -> None:
+        """Follow one sampled token (its bytes as latin-1)."""
+        if self.forcing:
+            self.forcing = self.forcing[len(piece) :] if self.forcing.startswith(piece) else ""
+        if self._utf8 or not piece.isascii():
+            self._utf8 = utf8_need(self._utf8, piece)
+        tail = self.tail
+        span = tail.open
+        if span is not None and not tail.end_begun:
+            assert span.tags is not None
+            if span.tags.end[0] not in piece:  # only the closing tag changes where a span stands
+                self.text += piece
+                self.span_tokens += span.kind != "call"
+                return
+        elif tail.clean and not any(c in piece for c in self._marks):
+            return
+        self.text += piece
+        new = read_tail(self.text, self.dialect)
+        if new.open is not None and new.open.kind != "call":
+            same = span is not None and span.start == new.open.start and span.kind == new.open.kind
+            self.span_tokens = self.span_tokens + 1 if same else 0
+        if new.clean:
+            self.calls += new.calls
+            self.text = ""
+        self.tail = new
+
+    def plan(self, consumed: int) -> Plan:
+        """What the next token must do, ``consumed`` tokens having been written."""
+        left = self.max_tokens - consumed
+        if self.forcing:
+            return Plan(self.forcing)
+        tail = self.tail
+        owed = self.required and self.calls_begun == 0
+        if self.in_call():
+            if self.close and left <= self.alert:
+                return self._steer(left)
+            return NOTHING
+        span = tail.open
+        if span is not None:  # a reasoning or hidden span
+            assert span.tags is not None
+            end = span.tags.end
+            rest = end[partial_tag_suffix(self.text, (end,)) :] if tail.end_begun else end
+            spent = self.span_budget is not None and self.span_tokens >= self.span_budget
+            if spent or (owed and left <= self.reserve + (self.speller.count(rest) or len(rest))):
+                # Inside a split character the tag would follow invalid UTF-8: one token later.
+                return NOTHING if self._utf8 and not tail.end_begun else self._start(rest)
+            return NOTHING
+        if owed:
+            if left <= self.reserve + self.margin and tail.begun is None:
+                return self._start(_latin1(self.dialect.tool_call.begin))
+            return NOTHING
+        if left <= self.reserve and tail.begun is None:
+            return Plan(ban_call=True)
+        return NOTHING
+
+    def _start(self, text: str) -> Plan:
+        self.forcing = text
+        return Plan(text)
+
+    def _steer(self, left: int) -> Plan:
+        call = self._call_text()
+        # A random or weak model leaves split characters behind: finish the last one first, and
+        # read any other as U+FFFD (inside a string, where the grammar let it through).
+        fix = _finish_character(call)
+        completion = self.completer.complete((call + fix).encode("latin-1").decode("utf-8", errors="replace"))
+        if completion is None:
+            return NOTHING
+        text = fix + _latin1(completion + MARK)
+        need = self.speller.count(text)
+        if need is None:
+            return NOTHING
+        self._need = need
+        if left > need + self.margin:
+            return NOTHING
+        self.closed_calls += 1
+        return self._start(text)
+
+    def _call_text(self) -> str:
+        tail = self.tail
+        if tail.open is not None:
+            return self.text[tail.open.start :]
+        return self.text[len(self.text) - partial_tag_suffix(self.text, (self.dialect.tool_call.begin,)) :]
+
+
+_frontend_tokenizers: list[Any] = []
+
+
+def register_tokenizer(tokenizer: Any) -> None:
+    """Make the served model's tokenizer known to the frontend's admission check: the tool
+    parser registers it on the server, an in-process engine its own offline (the latest wins)."""
+    _frontend_tokenizers[:] = [tokenizer]
+
+
+def frontend_tokenizer() -> Any | None:
+    """The tokenizer registered last, if any."""
+    return _frontend_tokenizers[0] if _frontend_tokenizers else None

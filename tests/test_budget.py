@@ -1,0 +1,322 @@
+"""Token budgets: span budgets, the reserve for a required call, closing cut calls, stop strings.
+
+The completer is checked against the engine's own masks (every completion it writes is accepted
+token by token by the grammar and ends the call), the core's budget decisions on a real
+tokenizer, and the whole path in an offline vLLM engine on the random tiny model with no bias
+toward the call tag.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import numpy as np
+import pytest
+import torch
+
+from hermes_vllm import constraint_args
+from hermes_vllm.grammar import ToolGrammarCompiler
+from hermes_vllm.grammar.budget import MARK, Speller
+from hermes_vllm.grammar.cache import GrammarCache
+from hermes_vllm.grammar.completion import CallCompleter
+from hermes_vllm.grammar.engines.base import allocate_bitmask
+from hermes_vllm.processor.core import ConstraintCore
+from hermes_vllm.spans import split_spans
+from hermes_vllm.testing.corpus import sample_tool_sets
+
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "minLength": 2},
+                "days": {"type": "integer", "minimum": 3},
+            },
+            "required": ["city", "days"],
+        },
+    },
+}
+
+
+def allowed_tokens(matcher: Any, vocab_size: int) -> np.ndarray:
+    bitmask = allocate_bitmask(1, vocab_size)
+    matcher.fill_bitmask(bitmask, 0)
+    bits = np.unpackbits(bitmask[0].numpy().view(np.uint8), bitorder="little")[:vocab_size]
+    return np.flatnonzero(bits)
+
+
+def test_every_completion_is_accepted_by_the_engine_and_closes_the_call(tokenizer: Any) -> None:
+    """Random walks through the grammar inside calls of BFCL tool sets (half of the steps favour
+    JSON punctuation, so walks reach nested values, keys and numbers); the completer's text,
+    spelled greedily, must be accepted token by token and end the call."""
+    compiler = ToolGrammarCompiler(tokenizer, engine="xgrammar")
+    latin1 = compiler.vocab.latin1
+    speller = Speller(latin1, compiler.vocab.stop_token_ids)
+    punctuation = np.array([any(c in p for c in '"{}[],:0123456789') for p in latin1])
+    rng = random.Random(0)
+    checked = 0
+    for tools in sample_tool_sets(40):
+        grammar = compiler.compile(tools, "required")
+        completer = CallCompleter(grammar.spec.dialect, [(t.name, t.parameters) for t in grammar.spec.tools])
+        for _ in range(4):
+            matcher = grammar.matcher(gated=False)
+            text = ""
+            for token in tokenizer.encode("<tool_call>", add_special_tokens=False):
+                assert matcher.accept_token(token)
+                text += latin1[token]
+            for _ in range(rng.randint(0, 80)):
+                allowed = [
+                    t for t in allowed_tokens(matcher, compiler.vocab.vocab_size).tolist()
+                    if t < len(latin1) and t not in compiler.vocab.stop_token_ids
+                ]  # fmt: skip
+                favoured = [t for t in allowed if punctuation[t]]
+                token = rng.choice(favoured if favoured and rng.random() < 0.5 else allowed)
+                assert matcher.accept_token(token)
+                text += latin1[token]
+            if "</tool_call>" in text:
+                continue
+            try:
+                written = text.encode("latin-1").decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+            completion = completer.complete(written)
+            assert completion is not None, written
+            rest = completion.encode("utf-8").decode("latin-1")
+            while rest:
+                token = speller.prefixes(rest)[0]
+                assert matcher.accept_token(token), (written, completion, rest)
+                rest = rest[len(latin1[token]) :]
+            assert matcher.can_end(), (written, completion)
+            checked += 1
+    assert checked >= 100
+
+
+def test_shortest_call_meets_lengths_bounds_and_required_properties() -> None:
+    from hermes_vllm.dialect import get_dialect
+    from hermes_vllm.schema import normalize_tools
+
+    (spec,) = normalize_tools([TOOL], check_metaschema=True)
+    completer = CallCompleter(get_dialect("qwen"), [(spec.name, spec.parameters)])
+    text = completer.shortest_call()
+    assert text == '<tool_call>{"name":"get_weather","arguments":{"city":"aa","days":3}}</tool_call>'
+
+
+def core_for(tokenizer: Any) -> ConstraintCore:
+    core = ConstraintCore(lambda: tokenizer, len(tokenizer), engine="xgrammar")
+    cache: GrammarCache[Any] = GrammarCache(64 << 20, threads=1, size_of=lambda g: g.memory_bytes)
+    core.compiler = ToolGrammarCompiler(tokenizer, engine="xgrammar", vocab_size=len(tokenizer), cache=cache)
+    return core
+
+
+def run(core: ConstraintCore, state: Any, tokenizer: Any, text: str) -> list[int]:
+    """Feed ``text``'s tokens one step at a time; the tokens the last mask allows."""
+    logits = torch.zeros((1, len(tokenizer)))
+    for token in [None, *tokenizer.encode(text, add_special_tokens=False)]:
+        logits = torch.zeros((1, len(tokenizer)))
+        core.step(logits, [(0, state, [] if token is None else [token])])
+    assert state.failed is None
+    return torch.isfinite(logits[0]).nonzero().flatten().tolist()
+
+
+def test_a_spent_reasoning_budget_forces_the_closing_tag(tokenizer: Any) -> None:
+    core = core_for(tokenizer)
+    state = core.admit(constraint_args([TOOL]), [], max_tokens=200, thinking_budget=3)
+    assert state is not None
+    assert len(run(core, state, tokenizer, "Hi <think> a b")) > 1000  # two of three spent
+    allowed = run(core, state, tokenizer, "Hi <think> a b c")
+    assert [core.compiler.vocab.latin1[t] for t in allowed] == ["</think>"]
+    # The vllm_xargs budget, when vLLM's is not set.
+    state = core.admit(constraint_args([TOOL], reasoning_budget=2), [], max_tokens=200)
+    assert state is not None
+    assert [core.compiler.vocab.latin1[t] for t in run(core, state, tokenizer, "<think> a b")] == ["</think>"]
+
+
+def test_a_required_call_opens_when_only_its_reserve_is_left(tokenizer: Any) -> None:
+    core = core_for(tokenizer)
+    state = core.admit(constraint_args([TOOL], "required"), [], max_tokens=60)
+    assert state is not None and state.budget is not None
+    reserve = state.budget.reserve
+    latin1 = core.compiler.vocab.latin1
+    # One token for <think>, then spans may write until only the reserve and </think> are left.
+    assert len(run(core, state, tokenizer, "<think>" + " a" * (57 - reserve))) > 1000
+    allowed = run(core, state, tokenizer, " a")
+    assert [latin1[t] for t in allowed] == ["</think>"]
+    allowed = run(core, state, tokenizer, "</think>")
+    assert [latin1[t] for t in allowed] == ["<tool_call>"]
+
+
+def test_under_auto_no_call_opens_once_it_cannot_fit(tokenizer: Any) -> None:
+    core = core_for(tokenizer)
+    state = core.admit(constraint_args([TOOL]), [], max_tokens=40)
+    assert state is not None
+    call = tokenizer.convert_tokens_to_ids("<tool_call>")
+    assert call in run(core, state, tokenizer, "Hello")
+    assert call not in run(core, state, tokenizer, " a" * 20)
+
+
+def test_a_stop_string_cannot_complete_inside_a_call(tokenizer: Any) -> None:
+    core = core_for(tokenizer)
+    latin1 = core.compiler.vocab.latin1
+    text = '<tool_call>{"name": "get_weather", "arguments": {"city": "Par'
+    state = core.admit(constraint_args([TOOL]), [], max_tokens=500, stop=["Paris"])
+    assert state is not None
+    allowed = {latin1[t] for t in run(core, state, tokenizer, text)}
+    assert "is" not in allowed and "isian" not in allowed and "Paris" not in allowed
+    assert "x" in allowed
+    # Outside a call the stop string is vLLM's business: nothing is refused...
+    state = core.admit(constraint_args([TOOL]), [], max_tokens=500, stop=["Paris"])
+    assert state is not None
+    assert len(run(core, state, tokenizer, "Par")) == len(tokenizer)
+    # ...except before the call a required turn owes: it would end the reply without one.
+    state = core.admit(constraint_args([TOOL], "required"), [], max_tokens=500, stop=["Paris"])
+    assert state is not None
+    allowed = {latin1[t] for t in run(core, state, tokenizer, "<think>Par")}
+    assert "is" not in allowed and "x" in allowed
+
+
+def test_vllms_thinking_budget_never_sees_a_reasoning_tag_inside_a_call(tokenizer: Any) -> None:
+    """With ``thinking_token_budget`` set, vLLM counts from any ``<think>`` token and would force
+    ``</think>`` where the grammar refuses it: inside a call that token is refused."""
+    core = core_for(tokenizer)
+    think = tokenizer.convert_tokens_to_ids("<think>")
+    text = '<tool_call>{"name": "get_weather", "arguments": {"city": "'
+    state = core.admit(constraint_args([TOOL]), [], max_tokens=500, thinking_budget=24)
+    assert state is not None
+    assert think not in run(core, state, tokenizer, text)
+    state = core.admit(constraint_args([TOOL]), [], max_tokens=500)
+    assert state is not None
+    assert think in run(core, state, tokenizer, text)
+
+
+def valid_calls(text: str, tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The closed calls of ``text``, each checked against its tool's (normalised) schema."""
+    from hermes_vllm.schema import normalize_tools
+
+    schemas = {s.name: s.parameters for s in normalize_tools(tools)}
+    calls = []
+    for span in split_spans(text, "hermes"):
+        if span.kind == "call" and span.closed:
+            payload = json.loads(span.body)
+            jsonschema.validate(payload["arguments"], schemas[payload["name"]])
+            calls.append(payload)
+    return calls
+
+
+@pytest.mark.engine
+def test_required_and_named_replies_always_hold_a_valid_call(tiny_model: Path, tokenizer: Any) -> None:
+    """No bias toward the call tag: the model wanders into reasoning spans; at 400 tokens and at
+    a max_tokens just above the shortest call every reply holds a valid call, and a span budget
+    given through vllm_xargs is kept."""
+    from vllm import SamplingParams
+
+    from hermes_vllm.constraint import parse_constraint
+    from hermes_vllm.processor.core import shortest_call_text
+    from hermes_vllm.testing.budget_scenarios import span_token_counts
+    from hermes_vllm.testing.engine import offline_llm
+
+    llm = offline_llm(tiny_model)
+    bias = {i: 8.0 for t, i in tokenizer.get_vocab().items() if any(c in t for c in '"}]')}
+    prompt = "<|im_start|>user\nPlease help.<|im_end|>\n<|im_start|>assistant\n"
+    sets = sample_tool_sets(12)
+    requests = []
+    for i, tools in enumerate(sets):
+        choice: Any = "required" if i % 2 else {"type": "function", "function": {"name": tools[0]["name"]}}
+        args = constraint_args(tools, choice, reasoning_budget=24 if i % 3 == 0 else None)
+        shortest = shortest_call_text(parse_constraint(args), "auto")  # type: ignore[arg-type]
+        assert shortest is not None
+        tight = len(tokenizer.encode(shortest, add_special_tokens=False)) + 6
+        for max_tokens in (400, tight):
+            requests.append((tools, args, max_tokens))
+    params = [
+        SamplingParams(
+            temperature=1.0, max_tokens=m, logit_bias=bias, extra_args=a, skip_special_tokens=False
+        )
+        for _, a, m in requests
+    ]
+    outputs = llm.generate([prompt] * len(params), params, use_tqdm=False)
+    thought = 0
+    for (tools, args, max_tokens), output in zip(requests, outputs, strict=True):
+        text = output.outputs[0].text
+        assert valid_calls(text, tools), (max_tokens, text[-300:])
+        assert len(output.outputs[0].token_ids) <= max_tokens
+        if "hermes_vllm_reasoning_budget" in args:
+            counts = span_token_counts(output.outputs[0].token_ids, tokenizer)
+            assert all(n <= 24 for n in counts), counts
+            thought += len(counts)
+    assert thought, "no reasoning span to check the budget on"
+
+
+@pytest.mark.engine
+def test_auto_with_the_close_policy_returns_only_valid_marked_calls(tiny_model: Path, tokenizer: Any) -> None:
+    from vllm import SamplingParams
+
+    from hermes_vllm.testing.bias import call_bias
+    from hermes_vllm.testing.engine import offline_llm
+
+    llm = offline_llm(tiny_model)
+    sets = sample_tool_sets(8)
+    bias = call_bias(tokenizer)
+    params = [
+        SamplingParams(
+            temperature=1.0, max_tokens=40, logit_bias=bias, skip_special_tokens=False,
+            extra_args=constraint_args(tools, "auto", cut_policy="close"),
+        )
+        for tools in sets
+    ]  # fmt: skip
+    outputs = llm.generate(["<|im_start|>assistant\n"] * len(params), params, use_tqdm=False)
+    closed = 0
+    for tools, output in zip(sets, outputs, strict=True):
+        text = output.outputs[0].text
+        spans = split_spans(text, "hermes")
+        valid_calls(text, tools)
+        assert all(s.closed for s in spans if s.kind == "call"), text
+        closed += MARK.strip() in text
+    assert closed, "no call was closed by the budget"
+
+
+def test_a_required_row_left_alone_inside_reasoning_masks_exactly_like_the_engine(any_tokenizer: Any) -> None:
+    """Inside a reasoning span before the first call, a budgeted required row reuses the mask
+    the engine gave at the span's start instead of running it; at every step its mask equals the
+    engine's (split characters, a ``<`` and a partial closing tag inside the span, two spans)."""
+    tokenizer = any_tokenizer
+    turn = (
+        "<think>héllo 日本 a<b </thi still 🙂 thinking</think>\n<think>again ü</think>"
+        '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "days": 4}}</tool_call>'
+    )
+    budgeted, plain = core_for(tokenizer), core_for(tokenizer)
+    args = constraint_args([TOOL], "required")
+    fast = budgeted.admit(args, [], max_tokens=10_000)
+    slow = plain.admit(args, [])
+    assert fast is not None and slow is not None and fast.budget is not None and slow.budget is None
+    paused = 0
+    for step, token in enumerate([None, *tokenizer.encode(turn, add_special_tokens=False)]):
+        new = [] if token is None else [token]
+        a, b = torch.zeros((1, len(tokenizer))), torch.zeros((1, len(tokenizer)))
+        budgeted.step(a, [(0, fast, new)])
+        plain.step(b, [(0, slow, new)])
+        assert torch.equal(a, b), f"step {step}: masks differ"
+        paused += fast.paused is not None
+    assert fast.failed is None and slow.failed is None
+    assert paused >= 5, "the row was never left alone"
+
+
+def test_a_call_cut_inside_a_split_character_is_closed_with_a_valid_one(tokenizer: Any) -> None:
+    """A random model leaves a lone UTF-8 lead byte in an argument; closing the call must first
+    finish that character (found by the load run: such calls were cut instead)."""
+    core = core_for(tokenizer)
+    lead, continuation = tokenizer.convert_tokens_to_ids(["<0xE2>", "<0x80>"])
+    text = '<tool_call>{"name": "get_weather", "arguments": {"city": "Pa'
+    tokens = [*tokenizer.encode(text, add_special_tokens=False), lead]
+    state = core.admit(constraint_args([TOOL], "required"), [], max_tokens=len(tokens) + 12)
+    assert state is not None
+    logits = torch.zeros((1, len(tokenizer)))
+    for token in [None, *tokens]:
+        logits = torch.zeros((1, len(tokenizer)))
+        core.step(logits, [(0, state, [] if token is None else [token])])
+    assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == [continuation]
