@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,3 +90,24 @@ def fetch(artifact: Artifact) -> Path:
             )
         shutil.move(str(got), target)  # same file system: atomic for concurrent fetchers
     return target
+
+
+def unpacked(name: str, build: Callable[[Path], None]) -> Path:
+    """``artifact_cache()/name``, made by ``build(folder)`` on first use and published whole.
+
+    ``build`` fills a staging folder beside the target, which is renamed into place only when
+    complete, so a process that was stopped half-way or runs concurrently never sees a partial one.
+    """
+    out = artifact_cache() / name
+    if (out / ".complete").is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        staging = Path(tmp)
+        build(staging)
+        (staging / ".complete").write_text("", encoding="utf-8")
+        if not (out / ".complete").is_file():  # another process may have finished first
+            shutil.rmtree(out, ignore_errors=True)
+            staging.rename(out)
+            staging.mkdir()  # for TemporaryDirectory's clean-up
+    return out

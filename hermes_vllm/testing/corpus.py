@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import tarfile
-import tempfile
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,7 +20,7 @@ from functools import cache
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from hermes_vllm.testing.artifacts import Artifact, artifact_cache, fetch
+from hermes_vllm.testing.artifacts import Artifact, fetch, unpacked
 
 CORPUS_ENV = "HERMES_VLLM_CORPUS"
 SUITE_DRAFT = "draft2020-12"
@@ -74,33 +72,25 @@ def corpus_dir() -> Path:
 @cache
 def registry_corpus() -> Path:
     """The corpora unpacked from the pinned ``bfcl-eval`` wheel and ``jsonschema`` sdist."""
-    out = artifact_cache() / f"corpus-v{_CORPUS_LAYOUT}"
-    if (out / ".complete").is_file():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        staging = Path(tmp)
-        wanted = {f"bfcl_eval/data/{name}": f"bfcl/{name}" for name in BFCL_FILES}
-        wanted |= {f"bfcl_eval/data/possible_answer/{n}": f"bfcl/possible_answer/{n}" for n in BFCL_FILES}
-        with zipfile.ZipFile(fetch(BFCL_WHEEL)) as wheel:
-            for member, dest in wanted.items():
-                if member in wheel.namelist():
-                    _write(staging / dest, wheel.read(member))
-        suite = f"json/tests/{SUITE_DRAFT}/"
-        with tarfile.open(fetch(SUITE_SDIST)) as sdist:
-            for entry in sdist.getmembers():
-                inner = PurePosixPath(*PurePosixPath(entry.name).parts[1:]).as_posix()
-                if entry.isfile() and inner.startswith(suite):
-                    data = sdist.extractfile(entry)
-                    assert data is not None
-                    path = staging / "json-schema-test-suite" / "tests" / inner[len("json/tests/") :]
-                    _write(path, data.read())
-        (staging / ".complete").write_text("", encoding="utf-8")
-        if not (out / ".complete").is_file():  # another process may have finished first
-            shutil.rmtree(out, ignore_errors=True)
-            staging.rename(out)
-            staging.mkdir()  # for TemporaryDirectory's clean-up
-    return out
+    return unpacked(f"corpus-v{_CORPUS_LAYOUT}", _unpack_corpus)
+
+
+def _unpack_corpus(staging: Path) -> None:
+    wanted = {f"bfcl_eval/data/{name}": f"bfcl/{name}" for name in BFCL_FILES}
+    wanted |= {f"bfcl_eval/data/possible_answer/{n}": f"bfcl/possible_answer/{n}" for n in BFCL_FILES}
+    with zipfile.ZipFile(fetch(BFCL_WHEEL)) as wheel:
+        for member, dest in wanted.items():
+            if member in wheel.namelist():
+                _write(staging / dest, wheel.read(member))
+    suite = f"json/tests/{SUITE_DRAFT}/"
+    with tarfile.open(fetch(SUITE_SDIST)) as sdist:
+        for entry in sdist.getmembers():
+            inner = PurePosixPath(*PurePosixPath(entry.name).parts[1:]).as_posix()
+            if entry.isfile() and inner.startswith(suite):
+                data = sdist.extractfile(entry)
+                assert data is not None
+                path = staging / "json-schema-test-suite" / "tests" / inner[len("json/tests/") :]
+                _write(path, data.read())
 
 
 def _write(path: Path, data: bytes) -> None:

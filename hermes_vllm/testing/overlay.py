@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import tempfile
 import zipfile
 from functools import cache
 from importlib import metadata
 from pathlib import Path
 
-from hermes_vllm.testing.artifacts import Artifact, artifact_cache, fetch
+from hermes_vllm.testing.artifacts import Artifact, fetch, unpacked
 
 logger = logging.getLogger(__name__)
 
@@ -73,23 +71,14 @@ def vllm_overlay() -> Path:
     Raises :class:`~hermes_vllm.testing.artifacts.ArtifactError` when a wheel cannot be fetched.
     """
     with_orjson = _needs_orjson()
-    name = f"vllm-{VLLM_WHEEL.version}-py-v{_LAYOUT}" + ("-orjson" if with_orjson else "")
-    out = artifact_cache() / name
-    if (out / ".complete").is_file():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        staging = Path(tmp)
-        logger.info("unzipping %s without its compiled parts into %s", VLLM_WHEEL.filename, out)
+
+    def build(staging: Path) -> None:
+        logger.info("unzipping %s without its compiled parts", VLLM_WHEEL.filename)
         _unzip(fetch(VLLM_WHEEL), staging, compiled=False)
         if with_orjson:
             _unzip(fetch(ORJSON_WHEEL), staging, compiled=True)
-        (staging / ".complete").write_text("", encoding="utf-8")
-        if not (out / ".complete").is_file():  # another process may have finished first
-            shutil.rmtree(out, ignore_errors=True)
-            staging.rename(out)
-            staging.mkdir()  # for TemporaryDirectory's clean-up
-    return out
+
+    return unpacked(f"vllm-{VLLM_WHEEL.version}-py-v{_LAYOUT}" + ("-orjson" if with_orjson else ""), build)
 
 
 def overlay_env(base: dict[str, str] | None = None) -> dict[str, str]:
