@@ -1,13 +1,13 @@
 """The Model Runner V2 apply path against the memory-bandwidth floor: torch + xgrammar only, no vLLM.
 
-What one step of the processor does on the device, at batch 256 on a 152k vocabulary (Qwen-size):
+What one step of the processor does on the device, at batch 256 on Qwen's 151,936-wide logits:
   1. gather each constrained slot's total length and last tokens, copy them to pinned host memory
      without blocking (``apply_staged_writes``), and
   2. copy the filled packed bitmask host->device and apply it in place (``apply``).
 The floor is reading and writing the logits once (``logits.add_(0)``). Figures are medians of CUDA
 event timings (GPU) or wall time (CPU), reported as ratios to that floor measured in the same run.
 
-Usage: python benchmarks/gpu_apply.py [--batch 256] [--vocab 152064] [--device cuda] [--out DIR]
+Usage: python benchmarks/gpu_apply.py [--batch 256] [--vocab 151936] [--device cuda] [--out DIR]
 On a machine without a GPU it runs on the CPU; CI runs it there with small sizes.
 """
 
@@ -91,7 +91,7 @@ def measure(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--vocab", type=int, default=152064)
+    parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--repeat", type=int, default=50)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
