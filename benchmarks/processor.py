@@ -153,7 +153,7 @@ def end_to_end(
     from openai import AsyncOpenAI
     from transformers import AutoTokenizer
 
-    from hermes_vllm.demo import WEATHER_TOOL
+    from hermes_vllm.demo import TOOLS
     from hermes_vllm.testing import tiny_model_path
     from hermes_vllm.testing.bias import call_bias
     from hermes_vllm.testing.server import CPU_ARGS, CPU_ENV, openai_server, server_usage
@@ -170,7 +170,7 @@ def end_to_end(
                 reply = await client.chat.completions.create(
                     model=model,
                     messages=[{"role": "user", "content": "Weather in Paris?"}],
-                    tools=[WEATHER_TOOL],  # type: ignore[list-item]
+                    tools=[TOOLS[0]],  # type: ignore[list-item]  # get_weather
                     max_tokens=max_tokens,
                     temperature=1.0,
                     seed=seed,
