@@ -258,19 +258,62 @@ def first_token(tokenizer_name: str, samples: int) -> dict[str, Any]:
     return result
 
 
+class _Timers:
+    """Seconds spent in named functions, by wrapping them for the run (a measurement, not a
+    stand-in: the wrapped function runs unchanged)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def wrap(self, owner: Any, attribute: str, name: str) -> None:
+        inner = getattr(owner, attribute)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+        setattr(owner, attribute, timed)
+
+    def take(self) -> dict[str, float]:
+        out, self.seconds = self.seconds, {}
+        return out
+
+
 def required_offline(tokenizer_name: str, requests: int, max_tokens: int, passes: int) -> dict[str, Any]:
     """Offline, ``tool_choice="required"``: output tokens/s of ours against vLLM's structural tag
-    (what ``--tool-call-parser hermes --tool-strict-level parameter`` sends), alternating passes."""
+    (what ``--tool-call-parser hermes --tool-strict-level parameter`` sends), alternating passes.
+
+    Wall time mixes the constraint's cost with the sampler's, and vLLM's CPU sampler skips banned
+    tokens (16 rows x 131k logits: 16 ms with all allowed, 3 ms with 1% allowed), so whichever
+    constraint leaves the model fewer tokens samples faster: vLLM's lets the random model write
+    whitespace inside its call (never closing it). Each pass therefore also reports the time
+    in the sampler and in each constraint's own machinery (ours: the logits processor; vLLM's:
+    filling, applying and advancing its grammars), per output token.
+    """
     from vllm import SamplingParams
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.sampling_params import StructuredOutputsParams
     from vllm.tool_parsers.structural_tag_registry import get_model_structural_tag
     from vllm.tool_parsers.tool_strict_level import ToolStrictLevel
+    from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
+    from vllm.v1.structured_output import StructuredOutputManager
+    from vllm.v1.structured_output.backend_xgrammar import XgrammarGrammar
+    from vllm.v1.worker import gpu_model_runner
 
     from hermes_vllm import constraint_args
+    from hermes_vllm.processor.v1 import V1ToolCallLogitsProcessor
     from hermes_vllm.testing import tiny_model_path
     from hermes_vllm.testing.engine import offline_llm
 
+    timers = _Timers()
+    timers.wrap(TopKTopPSampler, "forward_cpu", "sampler")
+    timers.wrap(V1ToolCallLogitsProcessor, "apply", "hermes_vllm")
+    timers.wrap(StructuredOutputManager, "grammar_bitmask", "vllm_structural_tag")
+    timers.wrap(XgrammarGrammar, "accept_tokens", "vllm_structural_tag")
+    timers.wrap(gpu_model_runner, "apply_grammar_bitmask", "vllm_structural_tag")
     llm = offline_llm(tiny_model_path(tokenizer_name))  # type: ignore[arg-type]
     chat = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], tools=TOOLS)
     tag = get_model_structural_tag(
@@ -286,20 +329,44 @@ def required_offline(tokenizer_name: str, requests: int, max_tokens: int, passes
     }
     prompt = "<|im_start|>user\nPlease help.<|im_end|>\n<|im_start|>assistant\n"
     rates: dict[str, list[float]] = {k: [] for k in kinds}
+    unsampled: dict[str, list[float]] = {k: [] for k in kinds}
+    sampler_us: dict[str, list[float]] = {k: [] for k in kinds}
+    constraint_us: dict[str, list[float]] = {k: [] for k in kinds}
     for n in range(passes + 1):
         for name in kinds if n % 2 else reversed(kinds):
+            timers.take()
             start = time.perf_counter()
             outputs = llm.generate([prompt] * requests, kinds[name], use_tqdm=False)
+            wall = time.perf_counter() - start
+            spent = timers.take()
             tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
             if n:  # the first pass warms both up
-                rates[name].append(tokens / (time.perf_counter() - start))
-    ratios = [a / b for a, b in zip(rates["hermes_vllm"], rates["vllm_structural_tag"], strict=True)]
+                rates[name].append(tokens / wall)
+                unsampled[name].append(tokens / (wall - spent.get("sampler", 0.0)))
+                sampler_us[name].append(1e6 * spent.get("sampler", 0.0) / tokens)
+                constraint_us[name].append(1e6 * spent.get(name, 0.0) / tokens)
+
+    def ratios(of: dict[str, list[float]]) -> list[float]:
+        return [a / b for a, b in zip(of["hermes_vllm"], of["vllm_structural_tag"], strict=True)]
+
+    def rounded(of: dict[str, list[float]]) -> dict[str, list[float]]:
+        return {k: [round(r, 1) for r in v] for k, v in of.items()}
+
+    def medians(of: dict[str, list[float]]) -> dict[str, float]:
+        return {k: round(statistics.median(v), 1) for k, v in of.items()}
+
     return {
         "requests": requests,
         "max_tokens": max_tokens,
-        "tokens_per_s": {k: [round(r, 1) for r in v] for k, v in rates.items()},
-        "ratio_per_pass": [round(r, 3) for r in ratios],
-        "ratio_median": round(statistics.median(ratios), 3),
+        "tokens_per_s": rounded(rates),
+        "ratio_per_pass": [round(r, 3) for r in ratios(rates)],
+        "ratio_median": round(statistics.median(ratios(rates)), 3),
+        "tokens_per_s_outside_the_sampler": rounded(unsampled),
+        "outside_sampler_ratio_median": round(statistics.median(ratios(unsampled)), 3),
+        "sampler_us_per_token": rounded(sampler_us),
+        "sampler_us_per_token_median": medians(sampler_us),
+        "constraint_us_per_token": rounded(constraint_us),
+        "constraint_us_per_token_median": medians(constraint_us),
     }
 
 
@@ -347,7 +414,7 @@ def main() -> None:
     args = parser.parse_args()
     results = measure(args.tokenizer, args.batch, args.share, args.steps)
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"processor-{args.tokenizer}"
+    stem = f"processor-{args.tokenizer}"  # not Path.with_suffix: "llama3.1" holds a dot
     report: dict[str, Any] = {"per_step": results}
     if args.first_token:
         report["first_token"] = first_token(args.tokenizer, 15)
@@ -358,8 +425,8 @@ def main() -> None:
         report["end_to_end"] = end_to_end(
             args.tokenizer, args.concurrency, args.rounds, args.max_tokens, args.passes
         )
-    stem.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    plot(results, stem.with_suffix(".png"))
+    (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    plot(results, args.out / f"{stem}.png")
 
 
 if __name__ == "__main__":

@@ -97,6 +97,84 @@ def test_every_completion_is_accepted_by_the_engine_and_closes_the_call(tokenize
     assert checked >= 100
 
 
+PATTERN_TOOL = {
+    "name": "book",
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "date": {"type": "string", "pattern": r"^\d{4}-\d{2}-\d{2}$"},
+            "code": {"type": "string", "pattern": "^(?:[A-Z]{3}|x[0-9a-f]+)$"},
+            "tags": {"type": "array", "items": {"type": "string", "pattern": "^#[a-z_]{2,}$"}, "minItems": 1},
+            "note": {"type": "string", "pattern": "q"},
+        },
+        "required": ["date", "code", "tags", "note"],
+    },
+}
+ESCAPED_PATTERN_TOOL = {
+    "name": "quote",
+    "parameters": {
+        "type": "object",
+        "properties": {"text": {"type": "string", "pattern": '[\\\\"]q'}},
+        "required": ["text"],
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("engine", "tools"),
+    [("xgrammar", [PATTERN_TOOL]), ("llguidance", [PATTERN_TOOL, ESCAPED_PATTERN_TOOL])],
+    ids=["xgrammar", "llguidance"],
+)
+def test_calls_cut_inside_a_pattern_are_completed_as_the_engine_accepts(
+    tokenizer: Any, engine: str, tools: list[dict[str, Any]]
+) -> None:
+    """A string under ``pattern`` (anchored, or a search as JSON Schema means it; on llguidance
+    also a class only escapes can spell) is finished by the pattern's automaton: from every point
+    of random walks through the grammar the completion is accepted token by token and ends the
+    call."""
+    compiler = ToolGrammarCompiler(tokenizer, engine=engine)
+    latin1 = compiler.vocab.latin1
+    speller = Speller(latin1, compiler.vocab.stop_token_ids)
+    grammar = compiler.compile(tools, "required")
+    completer = CallCompleter(grammar.spec.dialect, [(t.name, t.parameters) for t in grammar.spec.tools])
+    shortest = completer.shortest_call()
+    assert shortest is not None
+    punctuation = np.array([any(c in p for c in '"#-,[]\\0123456789ABC') for p in latin1])
+    rng = random.Random(1)
+    checked = 0
+    for _ in range(40):
+        matcher = grammar.matcher(gated=False)
+        text = ""
+        for token in tokenizer.encode("<tool_call>", add_special_tokens=False):
+            assert matcher.accept_token(token)
+            text += latin1[token]
+        for _ in range(rng.randint(0, 60)):
+            allowed = [
+                t for t in allowed_tokens(matcher, compiler.vocab.vocab_size).tolist()
+                if t < len(latin1) and t not in compiler.vocab.stop_token_ids
+            ]  # fmt: skip
+            favoured = [t for t in allowed if punctuation[t]]
+            token = rng.choice(favoured if favoured and rng.random() < 0.7 else allowed)
+            assert matcher.accept_token(token)
+            text += latin1[token]
+        if "</tool_call>" in text:
+            continue
+        try:
+            written = text.encode("latin-1").decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        completion = completer.complete(written)
+        assert completion is not None, written
+        rest = completion.encode("utf-8").decode("latin-1")
+        while rest:
+            token = speller.prefixes(rest)[0]
+            assert matcher.accept_token(token), (written, completion, rest)
+            rest = rest[len(latin1[token]) :]
+        assert matcher.can_end(), (written, completion)
+        checked += 1
+    assert checked >= 25
+
+
 def test_shortest_call_meets_lengths_bounds_and_required_properties() -> None:
     from hermes_vllm.dialect import get_dialect
     from hermes_vllm.schema import normalize_tools
@@ -211,8 +289,8 @@ def valid_calls(text: str, tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
 @pytest.mark.engine
 def test_required_and_named_replies_always_hold_a_valid_call(tiny_model: Path, tokenizer: Any) -> None:
     """No bias toward the call tag: the model wanders into reasoning spans; at 400 tokens and at
-    a max_tokens just above the shortest call every reply holds a valid call, and a span budget
-    given through vllm_xargs is kept."""
+    a max_tokens just above the shortest call every reply holds a valid call (strings under a
+    ``pattern`` too), and a span budget given through vllm_xargs is kept."""
     from vllm import SamplingParams
 
     from hermes_vllm.constraint import parse_constraint
@@ -223,7 +301,7 @@ def test_required_and_named_replies_always_hold_a_valid_call(tiny_model: Path, t
     llm = offline_llm(tiny_model)
     bias = {i: 8.0 for t, i in tokenizer.get_vocab().items() if any(c in t for c in '"}]')}
     prompt = "<|im_start|>user\nPlease help.<|im_end|>\n<|im_start|>assistant\n"
-    sets = sample_tool_sets(12)
+    sets = [*sample_tool_sets(12), [PATTERN_TOOL]]  # the last: calls closed inside patterns
     requests = []
     for i, tools in enumerate(sets):
         choice: Any = "required" if i % 2 else {"type": "function", "function": {"name": tools[0]["name"]}}

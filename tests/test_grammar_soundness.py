@@ -410,3 +410,24 @@ def test_full_match_rewrite_agrees_with_search(text: str) -> None:
         rewritten = search_as_full_match(pattern)
         assert rewritten is not None
         assert bool(re.fullmatch(rewritten, text)) == bool(re.search(pattern, text)), (pattern, text)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "value"), [('^"q$', '"q'), (r'[\\"]q', "a\\q"), (r"^\x22$", '"'), (r"^a\\b$", "a\\b")]
+)
+def test_xgrammar_refuses_a_pattern_it_would_write_unescaped(
+    tokenizer: Any, pattern: str, value: str
+) -> None:
+    """xgrammar matched a pattern's own quote or backslash against the raw JSON text: for
+    ``^"q$`` it accepted ``{"n": ""q"}``, invalid JSON. Refused by name there; the server's
+    default engine (llguidance for patterns) writes the value escaped and refuses it raw."""
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "string", "pattern": pattern}},
+        "required": ["n"],
+    }
+    with pytest.raises(ValueError, match=r"parameters/properties/n/pattern: .*unescaped"):
+        ToolGrammarCompiler(tokenizer, engine="xgrammar").compile([tool(schema)])
+    auto = ToolGrammarCompiler(tokenizer, engine="auto")
+    assert _call(auto, schema, json.dumps({"n": value}))
+    assert not _call(auto, schema, '{"n": "' + value + '"}')

@@ -236,6 +236,27 @@ def test_tool_choice_none_reports_no_call(dialect: str, vllm_tokenizer: Any) -> 
     assert parsed == Parsed(None, "Hi", [])
 
 
+def test_a_clients_own_constraint_in_another_dialect_comes_back_as_written(vllm_tokenizer: Any) -> None:
+    """A request without tools carrying its own bracket-dialect constraint (``vllm_xargs``) on a
+    hermes server: vLLM asks the hermes parser to clean the content as for ``tool_choice="none"``;
+    it must not read the hermes tag the model wrote inside the bracket call's string (the load run
+    saw such content cut there)."""
+    from hermes_vllm import constraint_args
+
+    functions = [t["function"] for t in TOOLS]
+    bracket = literal_block("add", {"a": "<tool_call>{"}, get_dialect("chatml-brackets"))
+    text = f"Hi {bracket} ok"
+    request = ChatCompletionRequest(
+        model="tiny",
+        messages=[{"role": "user", "content": "hi"}],
+        vllm_xargs=constraint_args(functions, "required", dialect="chatml-brackets"),
+    )
+    assert check_both_ways("hermes", vllm_tokenizer, text, request) == Parsed(None, text, [])
+    # Reasoning before the call still goes to reasoning, streamed or whole.
+    thought = check_both_ways("hermes", vllm_tokenizer, f"<think>plan</think>{text}", request)
+    assert thought == Parsed("plan", text, [])
+
+
 @pytest.mark.parametrize("dialect", DIALECTS)
 def test_is_reasoning_end_reads_the_current_turn_only(dialect: str, vllm_tokenizer: Any) -> None:
     d = get_dialect(dialect)

@@ -6,8 +6,10 @@ cut is steered to the shortest completion of what it has written. Both are read 
 normalised schemas the engines compile (properties in declared order, compact JSON, no
 whitespace needed), by a small backtracking reader of the partial JSON: every way the text so far
 can be read under the schema (``anyOf`` branches, tools, key orders) is followed, and the
-shortest text that completes one of them wins. Keywords it cannot satisfy by construction
-(``pattern``, ``allOf``, ``oneOf``, ...) make it answer ``None``: the caller then does not steer.
+shortest text that completes one of them wins; a string under a ``pattern`` is finished by the
+regex's own automaton (:mod:`hermes_vllm.grammar.pattern`). Keywords it cannot satisfy by
+construction (``allOf``, ``oneOf``, ``not``, ...) make it answer ``None``: the caller then does
+not steer.
 The processor checks every token it forces against the engine's mask, so a wrong answer here can
 cost a call but never let an invalid one through.
 """
@@ -22,10 +24,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from hermes_vllm.dialect import Dialect
+from hermes_vllm.grammar.pattern import shortest_completion
 
 Schema = Any
 _WS = " \t\n\r"
-_UNSUPPORTED = frozenset({"pattern", "allOf", "oneOf", "not", "patternProperties", "multipleOf", "format"})
+_UNSUPPORTED = frozenset({"allOf", "oneOf", "not", "patternProperties", "multipleOf", "format"})
 _DEPTH = 24
 """``$ref`` chains followed before giving up (recursive schemas)."""
 
@@ -112,7 +115,10 @@ def _shortest_of(kind: str, schema: Mapping[str, Any], root: Schema, depth: int)
     if kind in ("integer", "number"):
         return _number(schema, kind == "integer")
     if kind == "string":
-        return '"' + "a" * int(schema.get("minLength", 0)) + '"'
+        pattern = schema.get("pattern")
+        if pattern is None:
+            return '"' + "a" * int(schema.get("minLength", 0)) + '"'
+        return '"' + _pattern_suffix(schema, "") + '"'
     if kind == "array":
         prefix = list(schema.get("prefixItems", ()))
         need = int(schema.get("minItems", 0))
@@ -192,7 +198,10 @@ def _read(schema: Schema, root: Schema, text: str, i: int, depth: int = 0) -> It
     elif ch == "[" and "array" in kinds:
         yield from _read_array(schema, root, text, i + 1, depth)
     elif ch == '"' and "string" in kinds:
-        yield from _read_string(text, i + 1, int(schema.get("minLength", 0)))
+        if "pattern" in schema:
+            yield from _read_pattern_string(schema, text, i + 1)
+        else:
+            yield from _read_string(text, i + 1, int(schema.get("minLength", 0)))
     elif (ch == "-" or ch.isdigit()) and ({"number", "integer"} & set(kinds)):
         yield from _read_number(schema, text, i, "number" not in kinds)
     else:
@@ -236,6 +245,61 @@ def _read_string(text: str, i: int, min_length: int) -> Iterator[_Read]:
             i += 1
         count += 1
     yield _Open("a" * max(0, min_length - count) + '"')
+
+
+def _pattern_suffix(schema: Mapping[str, Any], written: str) -> str:
+    """The shortest string body (JSON-escaped) that finishes ``written`` under the schema's
+    ``pattern``; coverage refuses a length bound beside a pattern, so none is honoured here."""
+    if "minLength" in schema or "maxLength" in schema:
+        raise _Unknown("pattern with a length bound")
+    suffix = shortest_completion(schema["pattern"], written)
+    if suffix is None:
+        raise _Unknown("pattern")
+    return _dumps(suffix)[1:-1]
+
+
+_ESCAPES = '"\\/bfnrt'
+"""What may follow a backslash in a JSON string."""
+
+
+def _open_escape(body: str) -> int:
+    """Where an escape the string body ends inside begins; ``len(body)`` if it ends outside one."""
+    j = 0
+    while j < len(body):
+        if body[j] != "\\":
+            j += 1
+        elif j + 1 == len(body) or (body[j + 1] == "u" and j + 6 > len(body)):
+            return j
+        else:
+            j += 6 if body[j + 1] == "u" else 2
+    return len(body)
+
+
+def _read_pattern_string(schema: Mapping[str, Any], text: str, i: int) -> Iterator[_Read]:
+    """A string body under ``pattern`` from ``text[i]``: a closed one was checked by the grammar;
+    an open one is finished by the pattern's automaton, read from its decoded characters (the
+    text may end inside an escape: each way to finish that escape is tried)."""
+    for r in _read_string(text, i, 0):
+        if isinstance(r, _Done):
+            yield r
+            continue
+        body = text[i:]
+        escape = body[_open_escape(body) :]
+        if not escape:
+            endings = [""]
+        elif escape == "\\":
+            endings = list(_ESCAPES)
+        else:
+            endings = ["0" * (6 - len(escape))]
+        best: str | None = None
+        for ending in endings:
+            with suppress(_Unknown, ValueError):
+                written = json.loads('"' + body + ending + '"')
+                candidate = ending + _pattern_suffix(schema, written) + '"'
+                if best is None or len(candidate) < len(best):
+                    best = candidate
+        if best is not None:
+            yield _Open(best)
 
 
 def _read_number(schema: Mapping[str, Any], text: str, i: int, integer: bool) -> Iterator[_Read]:

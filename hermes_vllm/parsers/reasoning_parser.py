@@ -24,7 +24,7 @@ from vllm.entrypoints.generate.base.protocol import DeltaMessage
 from vllm.reasoning.abs_reasoning_parsers import ReasoningParser
 
 from hermes_vllm.dialect import DEFAULT_DIALECT, get_dialect
-from hermes_vllm.parsers.shared import delta_message, keep_special_tags
+from hermes_vllm.parsers.shared import delta_message, keep_special_tags, own_constraint
 from hermes_vllm.parsers.span_stream import SpanStream
 from hermes_vllm.spans import split_spans
 
@@ -81,6 +81,12 @@ class DialectReasoningParser(ReasoningParser):  # type: ignore[misc]
     def extract_reasoning(
         self, model_output: str, request: ChatCompletionRequest | ResponsesRequest
     ) -> tuple[str | None, str | None]:
+        if own_constraint(request):
+            # As a stream reads it: reasoning up to the first call tag, then the text as written.
+            cut = next((s.start for s in split_spans(model_output, self.dialect) if s.kind == "call"), None)
+            if cut is not None:
+                before = SpanStream(self.dialect, "raw").read(model_output[:cut])
+                return before.reasoning or None, before.content + model_output[cut:] or None
         released = SpanStream(self.dialect, "raw").read(model_output)
         return released.reasoning or None, released.content or None
 

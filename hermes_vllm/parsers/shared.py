@@ -1,4 +1,5 @@
-"""What the tool parser and the reasoning parser share: special tags, and deltas from releases."""
+"""What the tool parser and the reasoning parser share: special tags, deltas from releases, and
+which requests carry a constraint of their client's own."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import Any
 
 from vllm.entrypoints.generate.base.protocol import DeltaMessage, DeltaToolCall
 
-from hermes_vllm.constraint import special_tags
+from hermes_vllm.constraint import has_constraint, special_tags
 from hermes_vllm.dialect import Dialect
 from hermes_vllm.parsers.span_stream import Released
 
@@ -31,3 +32,14 @@ def delta_message(released: Released, tool_calls: list[DeltaToolCall] | None = N
     return DeltaMessage(
         content=released.content or None, reasoning=released.reasoning or None, tool_calls=tool_calls or []
     )
+
+
+def own_constraint(request: Any) -> bool:
+    """A request without tools that carries its own constraint in ``vllm_xargs``.
+
+    Its client built the constraint (in any dialect: the bracket one on a hermes server, say) and
+    reads the text itself, so the call markup is left in the content, as written: read in the
+    server's dialect, a hermes tag the model wrote inside a bracket call's string cut that
+    content short. vLLM hands such a request to the tool parser as ``tool_choice="none"``.
+    """
+    return not getattr(request, "tools", None) and has_constraint(getattr(request, "vllm_xargs", None))

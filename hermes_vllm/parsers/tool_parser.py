@@ -30,7 +30,7 @@ from hermes_vllm.dialect import DEFAULT_DIALECT, get_dialect
 from hermes_vllm.grammar.budget import register_tokenizer
 from hermes_vllm.parsers import finish_reason
 from hermes_vllm.parsers.responses_api import responses_tool_choice, responses_tools
-from hermes_vllm.parsers.shared import delta_message, keep_special_tags
+from hermes_vllm.parsers.shared import delta_message, keep_special_tags, own_constraint
 from hermes_vllm.parsers.span_stream import Released, SpanStream
 from hermes_vllm.processor import remote
 
@@ -102,6 +102,10 @@ class DialectToolParser(ToolParser):  # type: ignore[misc]
     def extract_tool_calls(
         self, model_output: str, request: ChatCompletionRequest
     ) -> ExtractedToolCallInformation:
+        if own_constraint(request):
+            return ExtractedToolCallInformation(
+                tools_called=False, tool_calls=[], content=model_output or None
+            )
         released = self._new_stream().read(model_output)
         tool_calls = [
             ToolCall(function=FunctionCall(name=c.name, arguments=c.arguments)) for c in released.calls
@@ -120,6 +124,8 @@ class DialectToolParser(ToolParser):  # type: ignore[misc]
         delta_token_ids: Sequence[int],
         request: ChatCompletionRequest,
     ) -> DeltaMessage | None:
+        if own_constraint(request):
+            return DeltaMessage(content=delta_text) if delta_text else None
         if self._stream is None:
             self._stream = self._new_stream()
         return self._delta(self._stream.feed(delta_text))

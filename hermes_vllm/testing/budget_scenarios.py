@@ -9,6 +9,7 @@ nothing pushes it toward the call tag.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ import jsonschema
 from openai import AsyncOpenAI
 
 from hermes_vllm.constraint import constraint_args, parse_constraint
-from hermes_vllm.schema import normalize_tools
+from hermes_vllm.schema import bfcl_to_json_schema, normalize_tools
 from hermes_vllm.settings import get_limits
 from hermes_vllm.testing.bias import call_bias
 from hermes_vllm.testing.corpus import sample_tool_sets
@@ -135,13 +136,21 @@ def closers(tokenizer: Any) -> dict[str, float]:
     return {str(i): 8.0 for t, i in tokenizer.get_vocab().items() if any(c in t for c in '"}]')}
 
 
+def _standard(function: dict[str, Any]) -> dict[str, Any]:
+    """A BFCL function with its parameters in standard JSON Schema."""
+    return {**function, "parameters": bfcl_to_json_schema(copy.deepcopy(function["parameters"]))}
+
+
 def cases(tokenizer: Any, sets: int = 2) -> list[Case]:
     """Every scenario's requests, streamed and whole."""
     bias = closers(tokenizer)
     out: list[Case] = []
     streams = (False, True)
+    # Sent as standard JSON Schema, as an OpenAI client sends tools (BFCL's ``dict``, ``float``
+    # renamed): vLLM's structural tag refuses BFCL's names (xgrammar: 'Unsupported type "dict"';
+    # its guidance fallback then fails on the tag itself, HTTP 400 "'triggers'").
     tool_sets: list[list[dict[str, Any]]] = [
-        [{"type": "function", "function": t} for t in s] for s in sample_tool_sets(sets)
+        [{"type": "function", "function": _standard(t)} for t in s] for s in sample_tool_sets(sets)
     ]
     for tools in tool_sets:
         named: dict[str, Any] = {"type": "function", "function": {"name": tools[0]["function"]["name"]}}

@@ -24,8 +24,9 @@ import xgrammar as xgr
 
 from hermes_vllm.grammar.engines.base import EngineGrammar, EngineMatcher, GrammarEngine, Vocabulary
 from hermes_vllm.grammar.engines.ebnf import Rule, fold_gaps, join_rules, reachable, rename, split_rules
+from hermes_vllm.grammar.pattern import literal_characters
 from hermes_vllm.grammar.turn import LEAD_WHITESPACE, TurnSpec
-from hermes_vllm.schema import canonical_value
+from hermes_vllm.schema import canonical_value, iter_subschemas
 from hermes_vllm.settings import get_limits
 
 # Measured on the JSON-Schema-Test-Suite (benchmarks/soundness.py): xgrammar enforces these once
@@ -228,6 +229,23 @@ class XGrammarGrammar(EngineGrammar):
         return XGrammarMatcher(xgr.GrammarMatcher(self.compiled, override_stop_tokens=list(stop_token_ids)))
 
 
+def _refuse_raw_patterns(turn: TurnSpec) -> None:
+    """xgrammar matches a ``pattern`` against the raw JSON text of the string: a quote or a
+    backslash the pattern names is written unescaped (``{"n": ""q"}`` for ``^"q$``), which is
+    invalid JSON. Its classes, ranges and ``.`` leave both out, so only named ones are refused."""
+    for tool in turn.tools:
+        for path, sub in iter_subschemas(tool.parameters):
+            pattern = sub.get("pattern")
+            raw = literal_characters(pattern) & {'"', "\\"} if isinstance(pattern, str) else set()
+            if raw:
+                where = "/".join(str(p) for p in ("parameters", *path, "pattern"))
+                raise ValueError(
+                    f"tool {tool.name!r}: {where}: the xgrammar engine cannot compile this: the "
+                    f"pattern names {sorted(raw)[0]!r}, which xgrammar writes into the JSON string "
+                    "unescaped (invalid JSON); HERMES_VLLM_ENGINE=auto or llguidance compiles it"
+                )
+
+
 class XGrammarEngine(GrammarEngine):
     name = "xgrammar"
     supported_keywords = XGRAMMAR_KEYWORDS
@@ -248,10 +266,12 @@ class XGrammarEngine(GrammarEngine):
 
     @classmethod
     def check(cls, turn: TurnSpec) -> None:
+        _refuse_raw_patterns(turn)
         with _readable_errors():
             xgr.Grammar.from_ebnf(turn_ebnf(turn))
 
     def compile(self, turn: TurnSpec) -> XGrammarGrammar:
+        _refuse_raw_patterns(turn)
         with _readable_errors():
             grammar = xgr.Grammar.from_ebnf(fold_gaps(turn_ebnf(turn), _is_basic))
             return XGrammarGrammar(self._compiler.compile_grammar(grammar))
