@@ -162,9 +162,9 @@ def summarize(work: Workload, rss: list[int], cache_bytes: int) -> dict[str, Any
         by_kind.setdefault(o.kind, Counter())[o.status] += 1
     calls = sum(o.calls for o in outcomes)
     valid = sum(o.valid_calls for o in outcomes)
-    # These kinds ask for tool_choice="required": each reply must hold a call. brackets_xargs
-    # replies are read from the content this hermes server's parsers return, which a hermes
-    # <tool_call> tag the model writes inside a bracket call's string cuts short: counted apart.
+    # These kinds ask for tool_choice="required": each reply must hold a call (brackets_xargs
+    # replies read from the content, which the parsers return as written for a client's own
+    # constraint).
     required: dict[str, list[Outcome]] = {k: [] for k in ("tools", "tools_stream", "brackets_xargs")}
     for o in outcomes:
         if o.kind in required and o.status == "ok":
@@ -218,10 +218,9 @@ def run(
     from hermes_vllm.testing.server import CPU_ARGS, CPU_ENV, openai_server, server_usage
 
     model = str(tiny_model_path())
-    bias = {
-        str(k): v
-        for k, v in call_bias(AutoTokenizer.from_pretrained(model), ("hermes", "chatml-brackets")).items()
-    }
+    # Closers only (``"``, ``}``, ``]``), nothing toward a call tag: every tool request is
+    # ``required``, and its call must come from the constraint and the token budget, not the bias.
+    bias = {str(k): v for k, v in call_bias(AutoTokenizer.from_pretrained(model), ()).items()}
     tool_sets = [case.tools for path in bfcl_files() for case in load_bfcl(path)]
     work = Workload(model, tool_sets, bias, max_tokens, timeout)
     rng = random.Random(seed)

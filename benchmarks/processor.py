@@ -13,7 +13,8 @@ concurrent tool-call requests (default 16), the servers taking turns: our proces
 (``--tool-call-parser hermes --tool-strict-level parameter``), each figure a ratio to "off".
 
 ``--required-offline``: the offline engine, ``--concurrency`` (16) ``required`` requests of 128
-tokens, ours against vLLM's structural tag, ``--passes`` alternating passes.
+tokens, ours against vLLM's structural tag and against no constraint at all, ``--passes`` passes
+in rotating order; with the time each pass spent in the sampler and in each constraint.
 
 Usage: python benchmarks/processor.py [--tokenizer mistral-v1|tekken|qwen3|qwen2.5|llama3.1] [--steps 30]
     [--e2e [--passes 6]] [--first-token] [--required-offline] [--out DIR]
@@ -291,7 +292,8 @@ def required_offline(tokenizer_name: str, requests: int, max_tokens: int, passes
     constraint leaves the model fewer tokens samples faster: vLLM's lets the random model write
     whitespace inside its call (never closing it). Each pass therefore also reports the time
     in the sampler and in each constraint's own machinery (ours: the logits processor; vLLM's:
-    filling, applying and advancing its grammars), per output token.
+    filling, applying and advancing its grammars), per output token, and the same requests
+    without any constraint run alongside as a third yardstick.
     """
     from vllm import SamplingParams
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
@@ -326,14 +328,16 @@ def required_offline(tokenizer_name: str, requests: int, max_tokens: int, passes
         "vllm_structural_tag": SamplingParams(
             **common, structured_outputs=StructuredOutputsParams(structural_tag=json.dumps(tag.model_dump()))
         ),
+        "unconstrained": SamplingParams(**common),
     }
     prompt = "<|im_start|>user\nPlease help.<|im_end|>\n<|im_start|>assistant\n"
     rates: dict[str, list[float]] = {k: [] for k in kinds}
     unsampled: dict[str, list[float]] = {k: [] for k in kinds}
     sampler_us: dict[str, list[float]] = {k: [] for k in kinds}
     constraint_us: dict[str, list[float]] = {k: [] for k in kinds}
+    names = list(kinds)
     for n in range(passes + 1):
-        for name in kinds if n % 2 else reversed(kinds):
+        for name in names[n % 3 :] + names[: n % 3]:  # each kind first in turn
             timers.take()
             start = time.perf_counter()
             outputs = llm.generate([prompt] * requests, kinds[name], use_tqdm=False)
@@ -346,8 +350,8 @@ def required_offline(tokenizer_name: str, requests: int, max_tokens: int, passes
                 sampler_us[name].append(1e6 * spent.get("sampler", 0.0) / tokens)
                 constraint_us[name].append(1e6 * spent.get(name, 0.0) / tokens)
 
-    def ratios(of: dict[str, list[float]]) -> list[float]:
-        return [a / b for a, b in zip(of["hermes_vllm"], of["vllm_structural_tag"], strict=True)]
+    def ratios(of: dict[str, list[float]], to: str = "vllm_structural_tag") -> list[float]:
+        return [a / b for a, b in zip(of["hermes_vllm"], of[to], strict=True)]
 
     def rounded(of: dict[str, list[float]]) -> dict[str, list[float]]:
         return {k: [round(r, 1) for r in v] for k, v in of.items()}
@@ -361,8 +365,18 @@ def required_offline(tokenizer_name: str, requests: int, max_tokens: int, passes
         "tokens_per_s": rounded(rates),
         "ratio_per_pass": [round(r, 3) for r in ratios(rates)],
         "ratio_median": round(statistics.median(ratios(rates)), 3),
+        "ratio_to_unconstrained_median": round(statistics.median(ratios(rates, "unconstrained")), 3),
+        "vllm_to_unconstrained_median": round(
+            statistics.median(
+                a / b for a, b in zip(rates["vllm_structural_tag"], rates["unconstrained"], strict=True)
+            ),
+            3,
+        ),
         "tokens_per_s_outside_the_sampler": rounded(unsampled),
         "outside_sampler_ratio_median": round(statistics.median(ratios(unsampled)), 3),
+        "outside_sampler_ratio_to_unconstrained_median": round(
+            statistics.median(ratios(unsampled, "unconstrained")), 3
+        ),
         "sampler_us_per_token": rounded(sampler_us),
         "sampler_us_per_token_median": medians(sampler_us),
         "constraint_us_per_token": rounded(constraint_us),

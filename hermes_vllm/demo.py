@@ -7,10 +7,12 @@ many were, per server, with one reply each.
 
 Without ``--model`` it builds a tiny random-weight model on Qwen 3's tokenizer (no model hub
 needed) and serves it on the CPU. A random model writes garbage, which is the point: whatever
-valid calls it returns, a constraint made them so. It almost never closes a JSON string nor opens
-a call, so every request favours tokens holding ``"``, ``}`` or ``]`` and the call tag
-(:func:`hermes_vllm.testing.bias.call_bias`), the same on every server. With ``--model`` (a
-Hugging Face id or path) it serves that model with vLLM's defaults for the platform and no bias.
+valid calls it returns, a constraint made them so. It almost never closes a JSON string, so every
+request favours tokens holding ``"``, ``}`` or ``]`` (:func:`hermes_vllm.testing.bias.call_bias`),
+the same on every server. Nor does it open a call by itself: ``auto`` requests also favour the
+call tag; ``required`` ones do not, so their call comes from the constraint and its token budget
+alone. With ``--model`` (a Hugging Face id or path) it serves that model with vLLM's defaults for
+the platform and no bias.
 """
 
 from __future__ import annotations
@@ -114,11 +116,12 @@ OURS = SERVERS[-1].label
 
 @dataclass(frozen=True)
 class Setup:
-    """What every server is asked the same way: the model, the token limit, the logit bias."""
+    """What every server is asked the same way: the model, the token limit, the logit bias by
+    ``tool_choice`` (none where absent)."""
 
     model: str
     max_tokens: int
-    bias: Mapping[str, float]
+    bias: Mapping[str, Mapping[str, float]]
     on_cpu: bool
 
 
@@ -179,7 +182,7 @@ def ask(client: Any, setup: Setup, prompt: str, tool_choice: str) -> Outcome:
         tool_choice=tool_choice,
         max_tokens=setup.max_tokens,
         temperature=1.0,
-        extra_body={"logit_bias": dict(setup.bias)} if setup.bias else None,
+        extra_body={"logit_bias": dict(setup.bias[tool_choice])} if tool_choice in setup.bias else None,
     )
     choice = reply.choices[0]
     problem = judge(choice.message)
@@ -243,17 +246,20 @@ def run(model: str | None, tokenizer_name: TokenizerName, count: int, max_tokens
     from hermes_vllm.testing.bias import call_bias
 
     served = str(tiny_model_path(tokenizer_name)) if model is None else model
-    bias: dict[str, float] = {}
+    bias: dict[str, dict[str, float]] = {}
     if model is None:
         tokenizer = AutoTokenizer.from_pretrained(served)
         favoured = call_bias(tokenizer, tag_boost=TAG_BOOST)
         closers = call_bias(tokenizer, dialects=())
-        bias = {str(k): v for k, v in favoured.items()}
+        bias = {
+            "required": {str(k): v for k, v in closers.items()},
+            "auto": {str(k): v for k, v in favoured.items()},
+        }
         print(
             f"tiny random-weight model, {tokenizer_name} tokenizer ({len(tokenizer)} tokens). "
             f"Logit bias, the same on every server: +{max(closers.values()):.0f} on the "
-            f'{len(closers)} tokens holding " }} or ], +{max(favoured.values()):.0f} on <tool_call> '
-            "(else a random model seldom opens a call, and wanders into <think> before one)"
+            f'{len(closers)} tokens holding " }} or ]; under auto also +{max(favoured.values()):.0f} '
+            "on <tool_call> (a random model seldom opens a call); nothing toward it under required"
         )
     else:
         print(f"{model}, no bias")

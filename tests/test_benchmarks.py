@@ -47,6 +47,24 @@ def test_processor_per_step_runs(tmp_path: Path) -> None:
     assert (tmp_path / "processor-mistral-v1.png").stat().st_size > 0
 
 
+@pytest.mark.server
+def test_processor_required_offline_and_end_to_end_run(tmp_path: Path) -> None:
+    """The offline ``required`` comparison and the three-server run, on a tokenizer whose name
+    holds a dot (``--e2e`` had broken at import once; the file was named ``processor-llama3``)."""
+    run(
+        "processor.py",
+        *("--tokenizer", "llama3.1", "--batch", "2", "--share", "0", "--steps", "2"),
+        *("--required-offline", "--e2e", "--passes", "1", "--concurrency", "2", "--rounds", "1"),
+        *("--max-tokens", "8"),
+        out=tmp_path,
+    )
+    report = json.loads((tmp_path / "processor-llama3.1.json").read_text())
+    offline = report["required_offline"]
+    assert set(offline["constraint_us_per_token_median"]) == {"hermes_vllm", "vllm_structural_tag"}
+    assert all(v > 0 for v in offline["sampler_us_per_token_median"].values())
+    assert report["end_to_end"]
+
+
 def test_budget_cache_trace_runs(tmp_path: Path) -> None:
     run("budget.py", "--cache", out=tmp_path)
     cache = json.loads((tmp_path / "budget-cache.json").read_text())["cache"]

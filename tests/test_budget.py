@@ -51,32 +51,40 @@ def allowed_tokens(matcher: Any, vocab_size: int) -> np.ndarray:
     return np.flatnonzero(bits)
 
 
-def test_every_completion_is_accepted_by_the_engine_and_closes_the_call(tokenizer: Any) -> None:
-    """Random walks through the grammar inside calls of BFCL tool sets (half of the steps favour
-    JSON punctuation, so walks reach nested values, keys and numbers); the completer's text,
-    spelled greedily, must be accepted token by token and end the call."""
-    compiler = ToolGrammarCompiler(tokenizer, engine="xgrammar")
+def walk_and_complete(
+    compiler: ToolGrammarCompiler,
+    tool_sets: list[list[dict[str, Any]]],
+    walks: int,
+    favour: str,
+    odds: float,
+    longest: int,
+    seed: int,
+) -> int:
+    """Random walks through each turn's grammar inside a call (a share ``odds`` of the steps
+    favour tokens holding one of ``favour``); from where each walk stops, the completer's text,
+    spelled greedily, must be accepted token by token and end the call. Returns the walks checked."""
     latin1 = compiler.vocab.latin1
     speller = Speller(latin1, compiler.vocab.stop_token_ids)
-    punctuation = np.array([any(c in p for c in '"{}[],:0123456789') for p in latin1])
-    rng = random.Random(0)
+    favoured_tokens = np.array([any(c in p for c in favour) for p in latin1])
+    rng = random.Random(seed)
     checked = 0
-    for tools in sample_tool_sets(40):
+    for tools in tool_sets:
         grammar = compiler.compile(tools, "required")
         completer = CallCompleter(grammar.spec.dialect, [(t.name, t.parameters) for t in grammar.spec.tools])
-        for _ in range(4):
+        assert completer.shortest_call() is not None
+        for _ in range(walks):
             matcher = grammar.matcher(gated=False)
             text = ""
-            for token in tokenizer.encode("<tool_call>", add_special_tokens=False):
+            for token in compiler.vocab.tokenizer.encode("<tool_call>", add_special_tokens=False):
                 assert matcher.accept_token(token)
                 text += latin1[token]
-            for _ in range(rng.randint(0, 80)):
+            for _ in range(rng.randint(0, longest)):
                 allowed = [
                     t for t in allowed_tokens(matcher, compiler.vocab.vocab_size).tolist()
                     if t < len(latin1) and t not in compiler.vocab.stop_token_ids
                 ]  # fmt: skip
-                favoured = [t for t in allowed if punctuation[t]]
-                token = rng.choice(favoured if favoured and rng.random() < 0.5 else allowed)
+                favoured = [t for t in allowed if favoured_tokens[t]]
+                token = rng.choice(favoured if favoured and rng.random() < odds else allowed)
                 assert matcher.accept_token(token)
                 text += latin1[token]
             if "</tool_call>" in text:
@@ -94,7 +102,14 @@ def test_every_completion_is_accepted_by_the_engine_and_closes_the_call(tokenize
                 rest = rest[len(latin1[token]) :]
             assert matcher.can_end(), (written, completion)
             checked += 1
-    assert checked >= 100
+    return checked
+
+
+def test_every_completion_is_accepted_by_the_engine_and_closes_the_call(tokenizer: Any) -> None:
+    """Random walks through the grammar inside calls of BFCL tool sets (half of the steps favour
+    JSON punctuation, so walks reach nested values, keys and numbers)."""
+    compiler = ToolGrammarCompiler(tokenizer, engine="xgrammar")
+    assert walk_and_complete(compiler, sample_tool_sets(40), 4, '"{}[],:0123456789', 0.5, 80, 0) >= 100
 
 
 PATTERN_TOOL = {
@@ -129,50 +144,21 @@ def test_calls_cut_inside_a_pattern_are_completed_as_the_engine_accepts(
     tokenizer: Any, engine: str, tools: list[dict[str, Any]]
 ) -> None:
     """A string under ``pattern`` (anchored, or a search as JSON Schema means it; on llguidance
-    also a class only escapes can spell) is finished by the pattern's automaton: from every point
-    of random walks through the grammar the completion is accepted token by token and ends the
-    call."""
+    also a class only escapes can spell) is finished by the pattern's automaton."""
     compiler = ToolGrammarCompiler(tokenizer, engine=engine)
-    latin1 = compiler.vocab.latin1
-    speller = Speller(latin1, compiler.vocab.stop_token_ids)
-    grammar = compiler.compile(tools, "required")
-    completer = CallCompleter(grammar.spec.dialect, [(t.name, t.parameters) for t in grammar.spec.tools])
-    shortest = completer.shortest_call()
-    assert shortest is not None
-    punctuation = np.array([any(c in p for c in '"#-,[]\\0123456789ABC') for p in latin1])
-    rng = random.Random(1)
-    checked = 0
-    for _ in range(40):
-        matcher = grammar.matcher(gated=False)
-        text = ""
-        for token in tokenizer.encode("<tool_call>", add_special_tokens=False):
-            assert matcher.accept_token(token)
-            text += latin1[token]
-        for _ in range(rng.randint(0, 60)):
-            allowed = [
-                t for t in allowed_tokens(matcher, compiler.vocab.vocab_size).tolist()
-                if t < len(latin1) and t not in compiler.vocab.stop_token_ids
-            ]  # fmt: skip
-            favoured = [t for t in allowed if punctuation[t]]
-            token = rng.choice(favoured if favoured and rng.random() < 0.7 else allowed)
-            assert matcher.accept_token(token)
-            text += latin1[token]
-        if "</tool_call>" in text:
-            continue
-        try:
-            written = text.encode("latin-1").decode("utf-8")
-        except UnicodeDecodeError:
-            continue
-        completion = completer.complete(written)
-        assert completion is not None, written
-        rest = completion.encode("utf-8").decode("latin-1")
-        while rest:
-            token = speller.prefixes(rest)[0]
-            assert matcher.accept_token(token), (written, completion, rest)
-            rest = rest[len(latin1[token]) :]
-        assert matcher.can_end(), (written, completion)
-        checked += 1
-    assert checked >= 25
+    assert walk_and_complete(compiler, [tools], 40, '"#-,[]\\0123456789ABC', 0.7, 60, 1) >= 25
+
+
+def test_pattern_completions_prefer_plain_characters_and_decline_what_they_do_not_model() -> None:
+    from hermes_vllm.grammar.pattern import shortest_completion
+
+    assert shortest_completion(r"^\d{3}-\d{4}$", "12") == "0-0000"
+    assert shortest_completion('^[\\\\"a]$', "") == "a"  # not a character JSON must escape
+    assert shortest_completion('^[\\\\"]$', "") in ("\\", '"')  # unless the class has no other
+    assert shortest_completion(r"^(?:ab|c)+x$", "ab") == "x"
+    assert shortest_completion(r"^[A-Z]{2}$", "a") is None  # no completion exists
+    assert shortest_completion(r"^(?i:ab)$", "") is None  # flags: not modelled
+    assert shortest_completion(r"^\bfoo$", "") is None  # word boundaries: not modelled
 
 
 def test_shortest_call_meets_lengths_bounds_and_required_properties() -> None:

@@ -53,6 +53,7 @@ def test_the_demo_prints_the_side_by_side_table_and_one_reply_per_server(
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith(f"tiny random-weight model, {demo.DEFAULT_TOKENIZER} tokenizer")
     assert "Logit bias, the same on every server" in lines[0]
+    assert lines[0].endswith("nothing toward it under required")  # required calls come from the budget
     assert lines[1].startswith("4 requests per server, 3 tools each, max_tokens 200")
     assert lines[2].split() == ["server", "required", "auto", "valid"]
     rows = {}

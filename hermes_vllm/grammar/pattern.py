@@ -204,14 +204,20 @@ def _automaton(pattern: str) -> tuple[_Nfa, frozenset[int], int] | None:
     return nfa, nfa.closure((start,)), accept
 
 
+def _plain(char: str) -> bool:
+    """Whether JSON writes ``char`` as itself (no escape)."""
+    return char not in '"\\' and ord(char) >= 0x20
+
+
 def _tries(nfa: _Nfa, states: frozenset[int]) -> str:
-    """Characters whose steps from ``states`` cover every edge leaving them."""
+    """Characters whose steps from ``states`` cover every edge leaving them, each edge's pick
+    one JSON writes without an escape where the edge has one."""
     out: dict[str, None] = {}
     for s in states:
         for match, hints, _ in nfa.edges[s]:
-            pick = next((c for c in hints if match(c)), None)
-            if pick is None:
-                pick = next((c for c in _CANDIDATES if match(c)), None)
+            pick = next((c for c in hints if match(c) and _plain(c)), None)
+            pick = pick or next((c for c in _CANDIDATES if match(c)), None)
+            pick = pick or next((c for c in hints if match(c)), None)
             if pick is not None:
                 out.setdefault(pick)
     return "".join(out)
