@@ -30,7 +30,7 @@ corpus: venv
 	$(PY) -c 'from hermes_vllm.testing.corpus import registry_corpus; print(registry_corpus())'
 
 test: venv
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=15 $(PYTEST_ARGS)
 
 # The engine-free tests against vLLM 0.33's Python layer (the pinned wheel less its compiled parts,
 # unzipped once into the artifact cache and put first on PYTHONPATH; hermes_vllm/testing/overlay.py).

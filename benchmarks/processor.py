@@ -305,7 +305,7 @@ def required_offline(tokenizer_name: str, requests: int, max_tokens: int, passes
     from vllm.v1.structured_output.backend_xgrammar import XgrammarGrammar
     from vllm.v1.worker import gpu_model_runner
 
-    from hermes_vllm import constraint_args
+    from hermes_vllm import sampling_options
     from hermes_vllm.processor.v1 import V1ToolCallLogitsProcessor
     from hermes_vllm.testing import tiny_model_path
     from hermes_vllm.testing.engine import offline_llm
@@ -322,9 +322,17 @@ def required_offline(tokenizer_name: str, requests: int, max_tokens: int, passes
         "hermes", chat.tools, "required", False, strict_level=ToolStrictLevel.PARAMETER
     )
     assert tag is not None
-    common: dict[str, Any] = {"temperature": 1.0, "max_tokens": max_tokens}
+    options = sampling_options(
+        llm.get_tokenizer(), TOOLS, "required", dialect=DIALECT_OF.get(tokenizer_name, "hermes")
+    )
+    # Every kind detokenizes alike: with the tags kept where they are special tokens (Llama 3.1).
+    common: dict[str, Any] = {
+        "temperature": 1.0,
+        "max_tokens": max_tokens,
+        "skip_special_tokens": options.pop("skip_special_tokens", True),
+    }
     kinds = {
-        "hermes_vllm": SamplingParams(**common, extra_args=constraint_args(TOOLS, "required")),
+        "hermes_vllm": SamplingParams(**common, **options),
         "vllm_structural_tag": SamplingParams(
             **common, structured_outputs=StructuredOutputsParams(structural_tag=json.dumps(tag.model_dump()))
         ),

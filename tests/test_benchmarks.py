@@ -60,7 +60,9 @@ def test_processor_required_offline_and_end_to_end_run(tmp_path: Path) -> None:
     )
     report = json.loads((tmp_path / "processor-llama3.1.json").read_text())
     offline = report["required_offline"]
-    assert set(offline["constraint_us_per_token_median"]) == {"hermes_vllm", "vllm_structural_tag"}
+    spent = offline["constraint_us_per_token_median"]
+    assert set(spent) == {"hermes_vllm", "vllm_structural_tag", "unconstrained"}
+    assert spent["hermes_vllm"] > 0 and spent["vllm_structural_tag"] > 0 and spent["unconstrained"] == 0
     assert all(v > 0 for v in offline["sampler_us_per_token_median"].values())
     assert report["end_to_end"]
 
