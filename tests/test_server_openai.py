@@ -38,7 +38,7 @@ from hermes_vllm.parsers import PARSERS
 from hermes_vllm.spans import split_spans
 from hermes_vllm.testing import tiny_model_path
 from hermes_vllm.testing.bias import call_bias
-from hermes_vllm.testing.server import CPU_ARGS, CPU_ENV, openai_server
+from hermes_vllm.testing.server import CPU_ARGS, CPU_ENV, Reply, openai_server
 from hermes_vllm.testing.tiny_model import TokenizerName
 
 pytestmark = pytest.mark.server
@@ -73,16 +73,6 @@ MESSAGES = [{"role": "user", "content": "What is the weather in Paris, and what 
 NAMED = {"type": "function", "function": {"name": "add"}}
 CHOICES: dict[str, Any] = {"auto": "auto", "required": "required", "named": NAMED, "none": "none"}
 COMBOS = [(choice, parallel) for choice in CHOICES for parallel in (True, False)]
-
-
-@dataclass(frozen=True)
-class Reply:
-    finish_reason: str | None
-    calls: list[tuple[str, str]]
-    content: str
-    reasoning: str
-    raw: str
-    """The generated text itself, decoded from the returned token ids."""
 
 
 @dataclass
@@ -127,7 +117,7 @@ async def _fold_stream(served: Served, chunks: Any) -> Reply:
         [(n, a) for n, a in calls.values()],
         content,
         reasoning,
-        served.tokenizer.decode(token_ids),
+        raw=served.tokenizer.decode(token_ids),
     )
 
 
@@ -155,7 +145,7 @@ async def ask(served: Served, stream: bool, bias: dict[str, float] | None = None
             [(c.function.name, c.function.arguments) for c in message.tool_calls or []],
             message.content or "",
             getattr(message, "reasoning", None) or "",
-            served.tokenizer.decode(choice.model_extra["token_ids"]),
+            raw=served.tokenizer.decode(choice.model_extra["token_ids"]),
         )
 
 
@@ -522,7 +512,7 @@ async def ask_responses(served: Served, stream: bool, seed: int, **kwargs: Any) 
     calls = [(item.name, item.arguments) for item in response.output if item.type == "function_call"]
     messages = (response.model_extra or {}).get("output_messages") or []
     raw = served.tokenizer.decode([t for m in messages for t in m["tokens"]])
-    return Reply(response.status, calls, response.output_text, "", raw)
+    return Reply(response.status, calls, response.output_text, "", raw=raw)
 
 
 @pytest.mark.parametrize("choice", ["required", "named", "auto", "none"])

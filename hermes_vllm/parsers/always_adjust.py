@@ -17,6 +17,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from hermes_vllm.parsers.patching import vllm_attribute
+
 logger = logging.getLogger(__name__)
 
 _MODULE = "vllm.parser.parser_manager"
@@ -42,13 +44,10 @@ def _wrap(get_parser: Callable[..., Any]) -> Callable[..., Any]:
 
 def install() -> bool:
     """Wrap vLLM's parser composition once per process; False if this vLLM has no such hook."""
-    try:
-        module = __import__(_MODULE, fromlist=["ParserManager"])
-        manager = module.ParserManager
-        get_parser = manager.get_parser
-    except (ImportError, AttributeError):
-        logger.warning(_SKIPPED, _MODULE, "no ParserManager.get_parser")
+    found = vllm_attribute(_MODULE, "ParserManager", "get_parser", _SKIPPED)
+    if found is None:
         return False
+    manager, get_parser = found
     if getattr(get_parser, _PATCHED, False):
         return True
     manager.get_parser = staticmethod(_wrap(get_parser))  # get_parser is bound to the class already

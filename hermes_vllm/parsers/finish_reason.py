@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from hermes_vllm.constraint import has_constraint
+from hermes_vllm.parsers.patching import vllm_attribute
 
 logger = logging.getLogger(__name__)
 
@@ -87,13 +88,10 @@ def install() -> bool:
     Returns whether the wrapper is in place: False where vLLM keeps ``"length"`` itself, or where
     the method is not there or has another signature (a warning then says so).
     """
-    try:
-        module = __import__(_MODULE, fromlist=["OpenAIServingChat"])
-        serving = module.OpenAIServingChat
-        method = serving.chat_completion_full_generator
-    except (ImportError, AttributeError):
-        logger.warning(_SKIPPED, _MODULE, "no OpenAIServingChat.chat_completion_full_generator")
+    found = vllm_attribute(_MODULE, "OpenAIServingChat", "chat_completion_full_generator", _SKIPPED)
+    if found is None:
         return False
+    serving, method = found
     if getattr(method, _PATCHED, False):
         return True
     if _keeps_length(method):

@@ -23,6 +23,7 @@ from hermes_vllm.schema import bfcl_to_json_schema, normalize_tools
 from hermes_vllm.settings import get_limits
 from hermes_vllm.testing.bias import call_bias
 from hermes_vllm.testing.corpus import sample_tool_sets
+from hermes_vllm.testing.server import Reply
 
 WEATHER = {
     "type": "function",
@@ -33,16 +34,6 @@ WEATHER = {
 }
 MESSAGES = [{"role": "user", "content": "Please help."}]
 THINKING_BUDGET = 24
-
-
-@dataclass(frozen=True)
-class Reply:
-    finish_reason: str | None
-    calls: list[tuple[str, str]]
-    content: str
-    reasoning: str
-    token_ids: list[int] = field(default_factory=list)
-    error: str = ""
 
 
 @dataclass(frozen=True)

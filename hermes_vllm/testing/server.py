@@ -20,7 +20,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -85,6 +85,22 @@ def _stop(proc: subprocess.Popen[bytes], grace: float) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One chat completion as the server tests read it; a stream folded into the same shape."""
+
+    finish_reason: str | None
+    calls: list[tuple[str, str]]
+    """(name, arguments) of each returned tool call."""
+    content: str
+    reasoning: str
+    token_ids: list[int] = field(default_factory=list)
+    raw: str = ""
+    """The generated text itself, decoded from the returned token ids, where a test needs it."""
+    error: str = ""
+    """What went wrong, for a request that failed (an HTTP error is a failed reply)."""
 
 
 @dataclass(frozen=True)
