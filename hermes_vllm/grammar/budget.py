@@ -36,7 +36,8 @@ _LONGEST = 64
 """Longest token spelling tried when spelling text (characters)."""
 
 
-def _latin1(text: str) -> str:
+def as_latin1(text: str) -> str:
+    """``text``'s UTF-8 bytes as latin-1, one char a byte: how the budget and the core read tokens."""
     return text.encode("utf-8").decode("latin-1")
 
 
@@ -223,7 +224,7 @@ class TurnBudget:
             return NOTHING
         if owed:
             if left <= self.reserve + self.margin and tail.begun is None:
-                return self._start(_latin1(self.dialect.tool_call.begin))
+                return self._start(as_latin1(self.dialect.tool_call.begin))
             return NOTHING
         if left <= self.reserve and tail.begun is None:
             return Plan(ban_call=True)
@@ -241,7 +242,7 @@ class TurnBudget:
         completion = self.completer.complete((call + fix).encode("latin-1").decode("utf-8", errors="replace"))
         if completion is None:
             return NOTHING
-        text = fix + _latin1(completion + MARK)
+        text = fix + as_latin1(completion + MARK)
         need = self.speller.count(text)
         if need is None:
             return NOTHING

@@ -44,6 +44,7 @@ from hermes_vllm.grammar.budget import (
     Plan,
     Speller,
     TurnBudget,
+    as_latin1,
     frontend_tokenizer,
 )
 from hermes_vllm.grammar.compiler import (
@@ -286,7 +287,9 @@ class ConstraintCore:
         policy = options.cut_policy or limits.cut_policy or ("close" if required else "drop")
         shortest = shortest_call_text(state.request, self.engine)
         close = policy == "close"
-        count = None if shortest is None else self.speller.count(_latin1(shortest + (MARK if close else "")))
+        count = (
+            None if shortest is None else self.speller.count(as_latin1(shortest + (MARK if close else "")))
+        )
         budget = TurnBudget(
             spec.dialect, completer_of(state.request, self.engine), self.speller,
             max_tokens=max_tokens, span_budget=span_budget, required=required,
@@ -298,10 +301,10 @@ class ConstraintCore:
         stops = [stop] if isinstance(stop, str) else list(stop)
         # A stop string the call's closing tag holds (or that holds it) cannot be refused.
         state.refused_stops = tuple(
-            _latin1(s) for s in dict.fromkeys(stops) if s and end not in s and s not in end
+            as_latin1(s) for s in dict.fromkeys(stops) if s and end not in s and s not in end
         )
         if thinking is not None:
-            state.refused_in_calls = tuple(_latin1(p.begin) for p in spec.dialect.reasoning)
+            state.refused_in_calls = tuple(as_latin1(p.begin) for p in spec.dialect.reasoning)
 
     @staticmethod
     def _begin_bytes(dialect: Dialect) -> bytes:
@@ -584,7 +587,7 @@ class ConstraintCore:
     def _no_call_words(self, dialect: Dialect, words: int) -> np.ndarray:
         """Packed mask of the tokens that cannot begin a call tag (hold none of it, and end with no
         part of its beginning)."""
-        begin = _latin1(dialect.tool_call.begin)
+        begin = as_latin1(dialect.tool_call.begin)
         if begin not in self._no_call:
             prefixes = tuple(begin[:k] for k in range(1, len(begin)))
             allowed = np.array(
@@ -604,10 +607,6 @@ class ConstraintCore:
         words = (width + 31) // 32
         if self.bitmask.shape[0] < rows or self.bitmask.shape[1] != words:
             self.bitmask = allocate_bitmask(max(rows, 2 * self.bitmask.shape[0]), width, self.pin_memory)
-
-
-def _latin1(text: str) -> str:
-    return text.encode("utf-8").decode("latin-1")
 
 
 class LazyTokenizer:

@@ -60,6 +60,7 @@ from outlines_core.json_schema import build_regex_from_schema
 from hermes_vllm.grammar.engines.base import EngineGrammar, EngineMatcher, GrammarEngine, set_token_allowed
 from hermes_vllm.grammar.turn import LEAD_WHITESPACE, TurnSpec
 from hermes_vllm.schema import CONSTRAINING, ToolSpec, canonical_value, iter_subschemas
+from hermes_vllm.schema.spec import pointer
 
 logger = logging.getLogger(__name__)
 
@@ -241,7 +242,7 @@ def _check_tool(tool: ToolSpec) -> None:
     for path, sub in iter_subschemas(tool.parameters):
         why = _refusal(sub)
         if why is not None:
-            where = "/".join(str(p) for p in ("parameters", *path))
+            where = pointer(("parameters", *path))
             raise ValueError(f"tool {tool.name!r}: {where}: the outlines engine cannot compile this: {why}")
 
 

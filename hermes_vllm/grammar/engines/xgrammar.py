@@ -27,6 +27,7 @@ from hermes_vllm.grammar.engines.ebnf import Rule, fold_gaps, join_rules, reacha
 from hermes_vllm.grammar.pattern import literal_characters
 from hermes_vllm.grammar.turn import LEAD_WHITESPACE, TurnSpec
 from hermes_vllm.schema import canonical_value, iter_subschemas
+from hermes_vllm.schema.spec import pointer
 from hermes_vllm.settings import get_limits
 
 # Measured on the JSON-Schema-Test-Suite (benchmarks/soundness.py): xgrammar enforces these once
@@ -238,7 +239,7 @@ def _refuse_raw_patterns(turn: TurnSpec) -> None:
             pattern = sub.get("pattern")
             raw = literal_characters(pattern) & {'"', "\\"} if isinstance(pattern, str) else set()
             if raw:
-                where = "/".join(str(p) for p in ("parameters", *path, "pattern"))
+                where = pointer(("parameters", *path, "pattern"))
                 raise ValueError(
                     f"tool {tool.name!r}: {where}: the xgrammar engine cannot compile this: the "
                     f"pattern names {sorted(raw)[0]!r}, which xgrammar writes into the JSON string "
