@@ -230,33 +230,12 @@ def _add_template(sub: SubParsers) -> None:
     p.set_defaults(run=_run_template)
 
 
-def _run_demo(args: argparse.Namespace) -> int:
-    from hermes_vllm.demo import run
-
-    return run(args.model, args.tokenizer, args.requests, args.max_tokens)
-
-
 def _add_demo(sub: SubParsers) -> None:
-    from hermes_vllm.demo import DEFAULT_TOKENIZER
-    from hermes_vllm.testing.tiny_model import TOKENIZER_NAMES
+    from hermes_vllm import demo
 
-    p = sub.add_parser(
-        "demo",
-        help="serve the same tool-call requests with vLLM's hermes parser and with hermes-vllm, compare",
-        description="Exit status 0 when every hermes-vllm reply holds a schema-valid call.",
-    )
-    p.add_argument(
-        "--model", default=None, help="HF id or path (default: build and serve the tiny random model)"
-    )
-    p.add_argument(
-        "--tokenizer",
-        choices=TOKENIZER_NAMES,
-        default=DEFAULT_TOKENIZER,
-        help=f"the tiny model's tokenizer (default {DEFAULT_TOKENIZER})",
-    )
-    p.add_argument("--requests", type=int, default=8, help="requests per server (default 8)")
-    p.add_argument("--max-tokens", type=int, default=200)
-    p.set_defaults(run=_run_demo)
+    p = sub.add_parser("demo", help=demo.HELP, description=demo.DESCRIPTION)
+    demo.add_arguments(p)
+    p.set_defaults(run=demo.run_args)
 
 
 SUBCOMMANDS: tuple[Callable[[SubParsers], None], ...] = (

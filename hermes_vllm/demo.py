@@ -17,6 +17,7 @@ the platform and no bias.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -273,11 +274,37 @@ def run(model: str | None, tokenizer_name: TokenizerName, count: int, max_tokens
     return 0 if all(not o.problem for o in results[OURS]) else 1
 
 
+HELP = "serve the same tool-call requests with vLLM's hermes parser and with hermes-vllm, compare"
+DESCRIPTION = "Exit status 0 when every hermes-vllm reply holds a schema-valid call."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The demo's options, declared once for ``python -m hermes_vllm.demo`` and ``hermes-vllm demo``."""
+    from hermes_vllm.testing.tiny_model import TOKENIZER_NAMES
+
+    parser.add_argument(
+        "--model", default=None, help="HF id or path (default: build and serve the tiny random model)"
+    )
+    parser.add_argument(
+        "--tokenizer",
+        choices=TOKENIZER_NAMES,
+        default=DEFAULT_TOKENIZER,
+        help=f"the tiny model's tokenizer (default {DEFAULT_TOKENIZER})",
+    )
+    parser.add_argument("--requests", type=int, default=8, help="requests per server (default 8)")
+    parser.add_argument("--max-tokens", type=int, default=200)
+
+
+def run_args(args: argparse.Namespace) -> int:
+    """:func:`run` with the options :func:`add_arguments` declared."""
+    return run(args.model, args.tokenizer, args.requests, args.max_tokens)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m hermes_vllm.demo [--model M]``, the same as ``hermes-vllm demo``."""
-    from hermes_vllm.cli import main as cli_main
-
-    return cli_main(["demo", *(argv if argv is not None else sys.argv[1:])])
+    parser = argparse.ArgumentParser(prog="python -m hermes_vllm.demo", description=DESCRIPTION)
+    add_arguments(parser)
+    return run_args(parser.parse_args(argv))
 
 
 if __name__ == "__main__":
