@@ -1,7 +1,7 @@
 """Limits that keep a request's tools from taking a server down, in one place.
 
 Every field can be overridden by an environment variable ``HERMES_VLLM_<FIELD>`` (upper case),
-read once per process; see the README's "Limits" table.
+read once per process; see the "Limits" table in docs/architecture.md.
 """
 
 from __future__ import annotations
