@@ -28,6 +28,12 @@ def test_gpu_apply_runs_on_the_cpu(tmp_path: Path) -> None:
     assert result["batch"] == 8 and result["floor_rw_logits_us"] > 0 and result["apply_100pct_us"] > 0
 
 
+def test_v2_slots_runs(tmp_path: Path) -> None:
+    run("v2_slots.py", "--tokenizer", "mistral-v1", "--finished", "0", "8", "--steps", "5", out=tmp_path)
+    result = json.loads((tmp_path / "v2_slots.json").read_text())
+    assert set(result["after"]) == {"0", "8"} and (tmp_path / "v2_slots.png").exists()
+
+
 def test_processor_per_step_runs(tmp_path: Path) -> None:
     run(
         "processor.py",

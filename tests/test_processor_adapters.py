@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
@@ -21,17 +20,12 @@ from hermes_vllm import constraint_args
 
 pytest.importorskip("vllm")
 
-import vllm.v1.worker.cpu.shm  # noqa: F401  (what vLLM's CPU worker imports: CPU buffers for V2)
 from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
-from vllm.v1.worker.gpu.buffer_utils import StagedWriteTensor, UvaBackedTensor
-from vllm.v1.worker.gpu.sample.logits_processor.interface import (
-    LogitsContext,
-    LogitsProcRequestState,
-)
 
 from hermes_vllm.processor import ToolCallLogitsProcessor
 from hermes_vllm.processor.v1 import V1ToolCallLogitsProcessor
+from hermes_vllm.testing.v2_runner import V2Runner, context
 
 WEATHER = {
     "type": "function",
@@ -208,65 +202,15 @@ def test_v1_adapter_replays_a_resumed_request(vllm_config: Any, tokenizer: Any) 
     assert not torch.isfinite(logits[0]).all(), "mid-call, the row must be masked"
 
 
-class FakeRunner:
-    """Plays the V2 model runner's part: owns the request-state buffers and commits tokens.
-
-    The buffers are vLLM's own classes on the CPU; only the writes the runner's kernels would do
-    (``postprocess_sampled``) are done here with plain tensor indexing.
-    """
-
-    def __init__(self, max_reqs: int, max_len: int, vocab: int) -> None:
-        self.all_token_ids = StagedWriteTensor(
-            (max_reqs, max_len), dtype=torch.int32, device=torch.device("cpu")
-        )
-        self.total_len = StagedWriteTensor(max_reqs, dtype=torch.int32, device=torch.device("cpu"))
-        self.prompt_len = UvaBackedTensor(max_reqs, dtype=torch.int32)
-        self.prefill_len = UvaBackedTensor(max_reqs, dtype=torch.int32)
-        self.state = LogitsProcRequestState(
-            device=torch.device("cpu"),
-            max_num_reqs=max_reqs,
-            vocab_size=vocab,
-            all_token_ids=self.all_token_ids,
-            prompt_len=self.prompt_len,
-            prefill_len=self.prefill_len,
-            total_len=self.total_len,
-        )
-
-    def admit(self, slot: int, prompt: list[int], resumed_output: list[int] = ()) -> None:  # type: ignore[assignment]
-        tokens = list(prompt) + list(resumed_output)
-        self.prompt_len.np[slot] = len(prompt)
-        self.prefill_len.np[slot] = len(tokens)
-        self.all_token_ids.gpu[slot, : len(tokens)] = torch.tensor(tokens, dtype=torch.int32)
-        self.total_len.gpu[slot] = len(tokens)
-
-    def commit(self, slot: int, token: int) -> None:
-        at = int(self.total_len.gpu[slot])
-        self.all_token_ids.gpu[slot, at] = token
-        self.total_len.gpu[slot] = at + 1
-
-
-def context(slots: list[int]) -> LogitsContext:
-    idx = torch.tensor(slots, dtype=torch.int32)
-    return LogitsContext(
-        expanded_idx_mapping=idx,
-        idx_mapping=idx,
-        idx_mapping_np=np.array(slots, dtype=np.int32),
-        expanded_local_pos=torch.zeros(len(slots), dtype=torch.int32),
-        input_ids=torch.zeros(len(slots), dtype=torch.int32),
-        pos=torch.zeros(len(slots), dtype=torch.int32),
-        seq_lens_upper_bound_np=np.zeros(len(slots), dtype=np.int32),
-    )
-
-
 @pytest.fixture
-def v2(vllm_config: Any) -> Iterator[tuple[ToolCallLogitsProcessor, FakeRunner, int]]:
+def v2(vllm_config: Any) -> Iterator[tuple[ToolCallLogitsProcessor, V2Runner, int]]:
     width = vllm_config.model_config.get_vocab_size()
-    runner = FakeRunner(8, 512, width)
+    runner = V2Runner(8, 512, width)
     yield ToolCallLogitsProcessor(vllm_config, runner.state), runner, width
 
 
 def test_v2_adapter_rows_reorder_and_slots_recycle(
-    v2: tuple[ToolCallLogitsProcessor, FakeRunner, int], tokenizer: Any
+    v2: tuple[ToolCallLogitsProcessor, V2Runner, int], tokenizer: Any
 ) -> None:
     proc, runner, width = v2
     assert isinstance(proc, ToolCallLogitsProcessor)
@@ -307,7 +251,7 @@ def test_v2_adapter_rows_reorder_and_slots_recycle(
 
 
 def test_v2_adapter_replays_resumed_output(
-    v2: tuple[ToolCallLogitsProcessor, FakeRunner, int], tokenizer: Any
+    v2: tuple[ToolCallLogitsProcessor, V2Runner, int], tokenizer: Any
 ) -> None:
     proc, runner, width = v2
     prompt = tokens_of(tokenizer, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
@@ -393,3 +337,40 @@ def test_v1_runner_under_async_scheduling_shows_us_the_sampled_tokens(
     state, _ = ours[0].rows[0]
     assert request.output_token_ids == plan
     assert state.consumed == len(plan) and state.failed is None
+
+
+def test_v2_adapter_gathers_only_live_slots_and_catches_up_a_slot_that_sat_out(
+    v2: tuple[ToolCallLogitsProcessor, V2Runner, int], tokenizer: Any
+) -> None:
+    """V2 never says a request finished: a slot absent from a batch is not copied again.
+
+    A finished slot's window is no longer gathered each step; a slot the scheduler left out for a
+    step (no token budget left for it) is read back from the device when it returns.
+    """
+    proc, runner, width = v2
+    prompt = tokens_of(tokenizer, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    a, b = Stream(tokens_of(tokenizer, TURN_A)), Stream(tokens_of(tokenizer, TURN_B))
+    for slot in (1, 4, 5):
+        runner.admit(slot, prompt)
+    assert proc.add_request(1, params([WEATHER]))
+    assert proc.add_request(4, params([SEARCH]))
+    assert not proc.add_request(5, params(None))  # a plain request keeps the batch going
+    streams = {1: a, 4: b}
+    for step in range(max(len(a.plan), len(b.plan)) + 3):
+        # Slot 4 sits out every third step; a slot stops appearing once its turn is done.
+        running = [s for s, st in streams.items() if len(st.output) < len(st.plan)]
+        batch = [5, *(s for s in running if (s, step % 3) != (4, 2))]
+        proc.apply_staged_writes()
+        assert set(proc._copied) <= {1, 4}
+        logits = random_logits(len(batch), width, step)
+        proc.apply(logits, context(batch))
+        for row, slot in enumerate(batch[1:], start=1):
+            stream = streams[slot]
+            assert allowed(logits, row, stream.next_token()), f"step {step} slot {slot}"
+            runner.commit(slot, stream.next_token())
+            stream.commit()
+    proc.apply_staged_writes()
+    assert proc._copied == {}, "finished slots are still gathered every step"
+    proc.apply(random_logits(3, width, 0), context([5, 1, 4]))
+    assert proc.slots[1].consumed == len(a.plan) and proc.slots[4].consumed == len(b.plan)
+    assert proc.slots[1].failed is None and proc.slots[4].failed is None

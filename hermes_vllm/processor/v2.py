@@ -74,6 +74,10 @@ class ToolCallLogitsProcessor(V2LogitsProcessor):  # type: ignore[misc]
         self.device = req_states.device
         self.slots: dict[int, RowState] = {}
         self._resumed: set[int] = set()
+        # Slots of the latest batch and those added since: the only ones gathered. V2 tells a
+        # processor nothing when a request finishes, so a finished slot's state stays in ``slots``
+        # until the slot is reused (at most ``max_num_reqs`` of them), but it is not copied each step.
+        self._live: set[int] = set()
         pin = self.device.type == "cuda"
         self._host = torch.zeros((req_states.max_num_reqs, 1 + _WINDOW), dtype=torch.int32, pin_memory=pin)
         self._copied: dict[int, int] = {}
@@ -93,6 +97,7 @@ class ToolCallLogitsProcessor(V2LogitsProcessor):  # type: ignore[misc]
             return False
         self.slots[req_idx] = state
         self._resumed.add(req_idx)
+        self._live.add(req_idx)
         return True
 
     def apply_staged_writes(self) -> None:
@@ -106,7 +111,10 @@ class ToolCallLogitsProcessor(V2LogitsProcessor):  # type: ignore[misc]
             if end > start:
                 self.core.advance(self.slots[slot], tokens[slot, start:end].tolist())
         self._resumed.clear()
-        slots = sorted(self.slots)
+        slots = sorted(self._live & self.slots.keys())
+        self._copied = {slot: i for i, slot in enumerate(slots)}
+        if not slots:
+            return
         index = torch.tensor(slots, dtype=torch.long).to(self.device, non_blocking=True)
         total = self.req_states.total_len.gpu[index].long()
         positions = (total.unsqueeze(1) - torch.arange(_WINDOW, 0, -1, device=self.device)).clamp_(min=0)
@@ -116,19 +124,20 @@ class ToolCallLogitsProcessor(V2LogitsProcessor):  # type: ignore[misc]
         if self.device.type == "cuda":
             self._event = torch.cuda.Event()
             self._event.record()
-        self._copied = {slot: i for i, slot in enumerate(slots)}
 
     def _new_tokens(self, slot: int, state: RowState, host: list[list[int]]) -> list[int]:
-        """The slot's tokens since the last step, from ``host`` (this step's copy, as lists)."""
+        """The slot's tokens since the last step, from ``host`` (this step's copy, as lists).
+
+        A slot missing from the copy sat out the previous step (the scheduler ran out of token
+        budget for it): its length is read from the device, a blocking read that is rare.
+        """
         i = self._copied.get(slot)
-        if i is None:
-            return []
-        total = host[i][0]
+        total = host[i][0] if i is not None else int(self.req_states.total_len.gpu[slot])
         prompt = int(self.req_states.prompt_len.np[slot])
         fresh = total - prompt - state.consumed
         if fresh <= 0:
             return []
-        if fresh <= _WINDOW:
+        if i is not None and fresh <= _WINDOW:
             return host[i][1 + _WINDOW - fresh :]
         # More than the window since the last look (e.g. a long pause): a blocking read, rare.
         start = prompt + state.consumed
@@ -141,8 +150,10 @@ class ToolCallLogitsProcessor(V2LogitsProcessor):  # type: ignore[misc]
             self._event.synchronize()
         host = self._host[: len(self._copied)].tolist()  # one conversion, not one per row
         updates = []
+        self._live = set()
         for row, slot in enumerate(ctx.idx_mapping_np.tolist()):
             state = self.slots.get(slot)
             if state is not None:
                 updates.append((row, state, self._new_tokens(slot, state, host)))
+                self._live.add(slot)
         return self.core.step(logits, updates)
