@@ -203,13 +203,20 @@ class Compiled:
 
 
 def compile_tools(compiler: ToolGrammarCompiler, tools: Sequence[JSON]) -> Compiled:
-    """Compile through the real path in strict coverage; explicit refusals are told from crashes."""
+    """Compile through the real path in strict coverage; explicit refusals are told from crashes.
+
+    A tool set whose every tool was left out (no call can satisfy them) counts as refused, with
+    the reason the server logs: no call can be checked against it.
+    """
     try:
-        return Compiled("compiled", compiler.compile(list(tools), coverage="strict"))
+        grammar = compiler.compile(list(tools), coverage="strict")
     except (ToolSchemaError, GrammarCompileError) as err:
         return Compiled("refused", message=str(err))
     except Exception as err:  # a crash is a finding, reported with its type
         return Compiled("crashed", message=f"{type(err).__name__}: {err}")
+    if grammar.prepared.unusable and not grammar.spec.tools:  # every tool left out: none can be called
+        return Compiled("refused", message="; ".join(map(str, grammar.prepared.unusable)))
+    return Compiled("compiled", grammar)
 
 
 @dataclass
