@@ -25,6 +25,7 @@ from hermes_vllm.processor.core import shortest_call_text, validate_request
 from hermes_vllm.schema import UnsatisfiableToolError, contradiction, normalize_tool, read_tools
 from hermes_vllm.testing.corpus import (
     UNSATISFIABLE_BFCL_TOOL,
+    agent_tool_set,
     as_openai_tool,
     bfcl_functions,
     load_suite_file,
@@ -185,15 +186,8 @@ def test_left_out_tools_are_logged_once_per_tool_set(caplog: pytest.LogCaptureFi
     assert len(lines) == 2 and all("tool 'bad': parameters/properties/p" in line for line in lines), lines
 
 
-def _agent_tools(count: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """``count`` distinct satisfiable BFCL tools and the unsatisfiable one, as a client sends them."""
-    functions = bfcl_functions()
-    good = [as_openai_tool(f) for n, f in functions.items() if n != UNSATISFIABLE_BFCL_TOOL][:count]
-    return good, as_openai_tool(functions[UNSATISFIABLE_BFCL_TOOL])
-
-
 def test_a_grammar_of_139_good_tools_and_a_bad_one_calls_only_the_good_ones(tokenizer: Any) -> None:
-    good, bad = _agent_tools(139)
+    good, bad = agent_tool_set(139)
     compiled = ToolGrammarCompiler(tokenizer).compile([*good[:70], bad, *good[70:]], "required")
     assert len(compiled.spec.tools) == 139 and [u.tool for u in compiled.prepared.unusable] == [
         bad["function"]["name"]

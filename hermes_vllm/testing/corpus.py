@@ -167,3 +167,11 @@ def as_openai_tool(function: dict[str, Any]) -> dict[str, Any]:
     JSON Schema (BFCL's ``dict``, ``float``, ``tuple`` renamed)."""
     parameters = bfcl_to_json_schema(copy.deepcopy(function.get("parameters") or {"type": "object"}))
     return {"type": "function", "function": {**function, "parameters": parameters}}
+
+
+def agent_tool_set(count: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """``count`` distinct satisfiable BFCL tools and the unsatisfiable one, as a client sends them:
+    the shape of an agent's request (one widely used coding client sends 139 tools)."""
+    functions = bfcl_functions()
+    good = [as_openai_tool(f) for n, f in functions.items() if n != UNSATISFIABLE_BFCL_TOOL][:count]
+    return good, as_openai_tool(functions[UNSATISFIABLE_BFCL_TOOL])
