@@ -13,6 +13,7 @@ from hermes_vllm.schema.coverage import (
     uncovered_keywords,
 )
 from hermes_vllm.schema.rewrite import (
+    ANY_ORDER_KEYS,
     ROOT_DEF,
     canonical_value,
     make_explicit,
@@ -31,6 +32,7 @@ from hermes_vllm.schema.tool import (
 from hermes_vllm.schema.tree import CONSTRAINING, iter_subschemas, resolve_ref
 
 __all__ = [
+    "ANY_ORDER_KEYS",
     "CONSTRAINING",
     "JSON",
     "ROOT_DEF",
