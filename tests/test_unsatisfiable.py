@@ -77,6 +77,7 @@ UNSURE: list[tuple[str, Any]] = [
     ("if/then/else", {"if": True, "then": False}),
     ("multipleOf between bounds", {"type": "integer", "multipleOf": 10, "minimum": 1, "maximum": 9}),
     ("recursion", {"$ref": "#/$defs/loop"}),
+    ("a reference inside another resource", {"$id": "https://example.com/inner", "$ref": "#/$defs/none"}),
     (
         "uniqueItems beyond the enum",
         {"type": "array", "items": {"enum": [1]}, "uniqueItems": True, "minItems": 2},

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +22,7 @@ from jsonschema import Draft202012Validator
 
 from hermes_vllm.schema.rewrite import JSON_TYPES, declared_types
 from hermes_vllm.schema.spec import JSON, ToolSchemaError, pointer
-from hermes_vllm.schema.tree import CONSTRAINING, resolve_ref
+from hermes_vllm.schema.tree import CONSTRAINING, iter_subschemas, resolve_ref
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +65,9 @@ class _Check:
     def __init__(self, root: JSON) -> None:
         self.root = root
         self.visits = 0
+        self.refs_from_root = not any("$id" in sub for where, sub in iter_subschemas(root) if where)
+        """Whether every local ``$ref`` means the root's pointer: a nested ``$id`` starts a resource
+        that ``#`` then names instead, so there references are not followed (unsure)."""
         self._validator: Any = None
 
     def _valid(self, schema: JSON, value: JSON) -> bool | None:
@@ -107,28 +110,24 @@ class _Check:
 
     def _applicators(
         self, schema: dict[str, JSON], path: Path, refs: frozenset[str]
-    ) -> list[Contradiction | None]:
-        found: list[Contradiction | None] = []
+    ) -> Iterator[Contradiction | None]:
+        """What ``$ref``, ``not``, ``allOf``, ``anyOf`` and ``oneOf`` say, lazily (the first found wins)."""
         ref = schema.get("$ref")
-        if isinstance(ref, str) and ref not in refs:
+        if isinstance(ref, str) and ref not in refs and self.refs_from_root:
             try:
                 target = resolve_ref(self.root, ref)
             except LookupError:
                 target = True
             inner = self.empty(target, _ref_path(ref), refs | {ref})
-            found.append(
-                None if inner is None else Contradiction(inner.path, f"{inner.reason} (through {ref!r})")
-            )
+            yield None if inner is None else Contradiction(inner.path, f"{inner.reason} (through {ref!r})")
         if "not" in schema and _admits_everything(schema["not"]):
-            found.append(Contradiction((*path, "not"), "'not' of a schema that admits everything"))
-        for key in ("allOf",):
-            for i, branch in enumerate(_list(schema.get(key))):
-                found.append(self.empty(branch, (*path, key, i), refs))
+            yield Contradiction((*path, "not"), "'not' of a schema that admits everything")
+        for i, branch in enumerate(_list(schema.get("allOf"))):
+            yield self.empty(branch, (*path, "allOf", i), refs)
         for key in ("anyOf", "oneOf"):
             branches = _list(schema.get(key))
             if key in schema and all(self.empty(b, (*path, key, i), refs) for i, b in enumerate(branches)):
-                found.append(Contradiction((*path, key), f"no branch of {key!r} admits a value"))
-        return found
+                yield Contradiction((*path, key), f"no branch of {key!r} admits a value")
 
     def _types(self, schema: dict[str, JSON], path: Path, refs: frozenset[str]) -> Contradiction | None:
         """Empty when every type the schema admits is ruled out by that type's own keywords."""
