@@ -90,10 +90,12 @@ def test_beyond_the_bound_the_declared_order_is_kept(tokenizer: Any) -> None:
     params = {"type": "object", "properties": {"v": {"const": value}}}
     assert _accepts(compiler, params, {"v": value})
     assert not _accepts(compiler, params, {"v": dict(reversed(value.items()))})
-    # Each of four keys holding a four-key object: 24 x 4 x 24 branches, past the structure bound.
-    square = {k: dict(value) for k in "pqrs"}
-    for v in square.values():
-        v.pop("e")
-    spelled = normalize_tool(tool({"type": "object", "properties": {"v": {"const": square}}})).parameters
-    assert len(json.dumps(spelled)) < 200_000
-    assert _accepts(compiler, {"type": "object", "properties": {"v": {"const": square}}}, {"v": square})
+    # Objects of the bound three levels deep: the orders of each level multiply (about 8,000
+    # subschemas), past the structure bound, so the value keeps its declared order throughout.
+    nested: Any = 0
+    for _ in range(3):
+        nested = {chr(ord("p") + i): nested for i in range(ANY_ORDER_KEYS)}
+    deep = {"type": "object", "properties": {"v": {"const": nested}}}
+    assert len(json.dumps(normalize_tool(tool(deep)).parameters)) < 10_000
+    assert _accepts(compiler, deep, {"v": nested})
+    assert not _accepts(compiler, deep, {"v": {**dict(reversed(nested.items()))}})
