@@ -114,13 +114,13 @@ def test_a_tool_set_prepared_before_is_not_normalised_again(
     import hermes_vllm.grammar.compiler as compiler_module
 
     calls = []
-    normalize = compiler_module.normalize_tools
+    normalize = compiler_module.read_tools
 
     def counting(*args: Any, **kwargs: Any) -> Any:
         calls.append(1)
         return normalize(*args, **kwargs)
 
-    monkeypatch.setattr(compiler_module, "normalize_tools", counting)
+    monkeypatch.setattr(compiler_module, "read_tools", counting)
     compiler = ToolGrammarCompiler(tokenizer)
     tools = [tool("prepared_once", 3)]
     first = compiler.compile(tools)

@@ -27,7 +27,7 @@ from hermes_vllm.grammar.engines.base import (
 )
 from hermes_vllm.grammar.turn import TurnSpec, turn_spec
 from hermes_vllm.memo import memoize_small
-from hermes_vllm.schema import Coverage, ToolSpec, check_coverage, normalize_tools
+from hermes_vllm.schema import Coverage, ToolSpec, UnsatisfiableToolError, check_coverage, read_tools
 from hermes_vllm.settings import Limits, get_limits
 from hermes_vllm.spans import read_tail
 
@@ -54,6 +54,8 @@ class PreparedTurn:
     """Lenient coverage stripped keywords: finished calls must be checked with jsonschema."""
     original: tuple[ToolSpec, ...] = field(compare=False)
     """The tools before lenient stripping, for that post-hoc validation."""
+    unusable: tuple[UnsatisfiableToolError, ...] = field(default=(), compare=False)
+    """The request's tools no call can satisfy, left out of the grammar (and of the budgets)."""
 
 
 def prepare_turn(
@@ -72,13 +74,14 @@ def prepare_turn(
     Needs no tokenizer, so the frontend can run it on admission and answer HTTP 400. ``admitted``
     (the engine side of a request the frontend already checked) skips the metaschema check.
     """
-    specs = normalize_tools(tools, limits, check_metaschema=not admitted)
-    spec = turn_spec(specs, tool_choice, parallel_tool_calls, dialect, limits.max_call_whitespace)
+    specs, unusable = read_tools(tools, limits, check_metaschema=not admitted)
+    spec = turn_spec(specs, tool_choice, parallel_tool_calls, dialect, limits.max_call_whitespace, unusable)
     covered, needs_validation = check_coverage(spec.tools, engine.supported_keywords, engine.name, coverage)
     return PreparedTurn(
         TurnSpec(spec.dialect, covered, spec.mode, spec.parallel, spec.max_whitespace),
         needs_validation,
         spec.tools,
+        unusable,
     )
 
 

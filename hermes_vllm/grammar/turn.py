@@ -15,7 +15,7 @@ from typing import Any, Literal
 import xgrammar as xgr
 
 from hermes_vllm.dialect import Dialect, get_dialect
-from hermes_vllm.schema import ToolSchemaError, ToolSpec, canonical_json
+from hermes_vllm.schema import ToolSchemaError, ToolSpec, UnsatisfiableToolError, canonical_json
 
 LEAD_WHITESPACE = 4
 """Whitespace allowed before each reasoning span and before the first call where no free text may
@@ -48,25 +48,20 @@ class TurnSpec:
         return canonical_json([self.dialect.name, self.mode, self.parallel, self.max_whitespace, tools])
 
 
-def resolve_tool_choice(specs: Sequence[ToolSpec], tool_choice: Any) -> tuple[Mode, tuple[ToolSpec, ...]]:
-    """OpenAI ``tool_choice`` -> (mode, the tools a call may use).
+def resolve_tool_choice(names: Sequence[str], tool_choice: Any) -> tuple[Mode, frozenset[str]]:
+    """OpenAI ``tool_choice`` over a request's tool ``names`` -> (mode, the names a call may use).
 
     Delegates the OpenAI shapes (strings, named function, ``allowed_tools``) to xgrammar's
     ``normalize_tool_choice``; a named or forced choice becomes ``required`` over that one tool.
     """
     if tool_choice == "none":
-        return "none", tuple(specs)
-    refs = [{"type": "function", "function": {"name": s.name}} for s in specs]
+        return "none", frozenset(names)
+    refs = [{"type": "function", "function": {"name": n}} for n in names]
     try:
         functions, _, simplified = xgr.normalize_tool_choice(tools=refs, tool_choice=tool_choice)
     except ValueError as err:
         raise ToolSchemaError(None, "tool_choice", str(err).splitlines()[0]) from None
-    allowed = {f.function.name for f in functions}
-    chosen = tuple(s for s in specs if s.name in allowed)
-    if not chosen:
-        # ``auto`` with no tools: nothing can be called, which is exactly ``none``.
-        return "none", ()
-    return ("auto" if simplified == "auto" else "required"), chosen
+    return ("auto" if simplified == "auto" else "required"), frozenset(f.function.name for f in functions)
 
 
 def turn_spec(
@@ -75,9 +70,34 @@ def turn_spec(
     parallel_tool_calls: bool = True,
     dialect: str | Dialect = "hermes",
     max_whitespace: int = 1,
+    unusable: Sequence[UnsatisfiableToolError] = (),
 ) -> TurnSpec:
-    """Build the spec of a turn from normalised tools and the request's tool options."""
-    mode, chosen = resolve_tool_choice(specs, tool_choice)
+    """Build the spec of a turn from normalised tools and the request's tool options.
+
+    The ``unusable`` tools (no call can satisfy them) are named in the request, so ``tool_choice``
+    may name them, but no call to them can be written: they are left out. Refused only where the
+    choice needs a call and allows none but them (the named tool, or every tool of ``required``).
+    """
+    mode, allowed = resolve_tool_choice(
+        [*(s.name for s in specs), *(u.tool or "" for u in unusable)], tool_choice
+    )
+    chosen = tuple(s for s in specs if s.name in allowed)
+    needed = [u for u in unusable if u.tool in allowed]
+    if mode == "required" and not chosen and needed:
+        raise _unusable_choice(needed)
+    if not chosen:
+        mode = "none"  # ``auto`` with no tool a call can use: nothing can be called, which is ``none``
     return TurnSpec(
         get_dialect(dialect), chosen if mode != "none" else (), mode, parallel_tool_calls, max_whitespace
+    )
+
+
+def _unusable_choice(needed: Sequence[UnsatisfiableToolError]) -> ToolSchemaError:
+    """The HTTP 400 of a ``tool_choice`` that requires a call, when no allowed tool can take one."""
+    if len(needed) == 1:
+        (only,) = needed
+        return ToolSchemaError(only.tool, only.path, f"{only.detail}; tool_choice requires a call to it")
+    listed = "; ".join(str(u) for u in needed)
+    return ToolSchemaError(
+        None, "tool_choice", f"requires a call, and no call can satisfy any tool it allows: {listed}"
     )

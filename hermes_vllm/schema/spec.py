@@ -23,6 +23,7 @@ class ToolSchemaError(ValueError):
     def __init__(self, tool: str | None, path: str, message: str) -> None:
         self.tool = tool
         self.path = path
+        self.detail = message
         where = f"tool {tool!r}" if tool is not None else "tools"
         super().__init__(f"{where}: {path}: {message}" if path else f"{where}: {message}")
 

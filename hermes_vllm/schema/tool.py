@@ -8,6 +8,7 @@ definitions and the Berkeley Function Calling Leaderboard dialect (``dict``, ``f
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -20,6 +21,7 @@ from hermes_vllm.schema.rewrite import (
     make_explicit,
     object_root,
 )
+from hermes_vllm.schema.satisfiable import UnsatisfiableToolError, contradiction
 from hermes_vllm.schema.spec import JSON, ToolSchemaError, ToolSpec, pointer
 from hermes_vllm.schema.tree import depth, iter_subschemas, resolve_ref
 from hermes_vllm.settings import Limits, get_limits
@@ -162,6 +164,11 @@ def normalize_tool(
     object_root(params)
     _check_refs(name, params)
     _check_bounds(name, params, limits)
+    found = contradiction(params)
+    if found is not None:
+        raise UnsatisfiableToolError(
+            name, pointer(("parameters", *found.path)), f"{found.reason}: no call can satisfy this schema"
+        )
     make_explicit(name, params, limits.max_schema_depth)
     _check_refs(name, params)
     description = fn.get("description")
@@ -173,10 +180,25 @@ def normalize_tool(
 def normalize_tools(
     tools: Sequence[JSON] | None, limits: Limits | None = None, *, check_metaschema: bool = True
 ) -> tuple[ToolSpec, ...]:
-    """A request's tool list -> specs, refusing duplicates and lists beyond the limits."""
+    """A request's tool list -> specs; any error, a tool no call can satisfy included, is raised."""
+    specs, unusable = read_tools(tools, limits, check_metaschema=check_metaschema)
+    if unusable:
+        raise unusable[0]
+    return specs
+
+
+def read_tools(
+    tools: Sequence[JSON] | None, limits: Limits | None = None, *, check_metaschema: bool = True
+) -> tuple[tuple[ToolSpec, ...], tuple[UnsatisfiableToolError, ...]]:
+    """A request's tool list -> (specs, the tools no call can satisfy), refusing everything else
+    that is wrong: duplicates, lists beyond the limits, malformed or refused schemas.
+
+    A tool no call can satisfy is left for the turn to drop (the request carries on for the
+    others) and logged once per tool set (:func:`_log_unusable`), not once per request.
+    """
     limits = limits or get_limits()
     if tools is None:
-        return ()
+        return (), ()
     if isinstance(tools, (str, bytes)) or not isinstance(tools, Sequence):
         raise ToolSchemaError(None, "", f"tools must be a list, got {type(tools).__name__}")
     if len(tools) > limits.max_tools:
@@ -184,23 +206,37 @@ def normalize_tools(
             None, "", f"{len(tools)} tools exceed the limit of {limits.max_tools} (HERMES_VLLM_MAX_TOOLS)"
         )
     # Measured as sent, before any work on it (normalising drops annotations such as descriptions).
-    size = len(json.dumps(list(tools), ensure_ascii=False, separators=(",", ":"), default=repr))
-    if size > limits.max_schema_bytes:
+    text = json.dumps(list(tools), ensure_ascii=False, separators=(",", ":"), default=repr)
+    if len(text) > limits.max_schema_bytes:
         raise ToolSchemaError(
             None,
             "",
-            f"{size} bytes of schema exceed the limit of {limits.max_schema_bytes} "
+            f"{len(text)} bytes of schema exceed the limit of {limits.max_schema_bytes} "
             "(HERMES_VLLM_MAX_SCHEMA_BYTES)",
         )
-    specs = tuple(
-        normalize_tool(t, i, limits, check_metaschema=check_metaschema) for i, t in enumerate(tools)
-    )
-    seen: set[str] = set()
-    for spec in specs:
-        if spec.name in seen:
-            raise ToolSchemaError(spec.name, "name", "defined more than once; tool names must be unique")
-        seen.add(spec.name)
-    return specs
+    specs: list[ToolSpec] = []
+    unusable: list[UnsatisfiableToolError] = []
+    for i, raw in enumerate(tools):
+        try:
+            specs.append(normalize_tool(raw, i, limits, check_metaschema=check_metaschema))
+        except UnsatisfiableToolError as err:
+            unusable.append(err)
+    seen: set[str | None] = set()
+    for name in [s.name for s in specs] + [u.tool for u in unusable]:
+        if name in seen:
+            raise ToolSchemaError(name, "name", "defined more than once; tool names must be unique")
+        seen.add(name)
+    if unusable:
+        _log_unusable(hashlib.sha256(text.encode()).hexdigest(), "; ".join(map(str, unusable)))
+    return tuple(specs), tuple(unusable)
+
+
+@memoize_small(lambda tool_set, problems: len(tool_set))
+def _log_unusable(tool_set: str, problems: str) -> None:
+    """Log the left-out tools once per tool set (``tool_set`` is the digest of the list as sent):
+    agents resend the same tools with every request, and one line per request would flood the log.
+    Bounded like every request memo: a set evicted from it is logged again when it comes back."""
+    logger.warning("left out of the grammar, since no call can satisfy them: %s", problems)
 
 
 def canonical_json(value: JSON) -> str:

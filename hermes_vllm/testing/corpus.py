@@ -10,6 +10,7 @@ layout instead (``../shared/corpus`` in this workplace: the same BFCL files, a n
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import tarfile
@@ -20,6 +21,7 @@ from functools import cache
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from hermes_vllm.schema import bfcl_to_json_schema
 from hermes_vllm.testing.artifacts import Artifact, fetch, unpacked
 
 CORPUS_ENV = "HERMES_VLLM_CORPUS"
@@ -144,3 +146,32 @@ def sample_tool_sets(count: int, seed: int = 1) -> list[list[dict[str, Any]]]:
     sets = [case.tools for path in bfcl_files() for case in load_bfcl(path)]
     random.Random(seed).shuffle(sets)
     return sets[:count]
+
+
+UNSATISFIABLE_BFCL_TOOL = "extract_parameters_v1"
+"""The BFCL tool no call can satisfy: a required ``"type": "array"`` property with a string ``enum``."""
+
+
+def bfcl_functions() -> dict[str, dict[str, Any]]:
+    """Every distinct BFCL function by name (the first definition met, files in name order)."""
+    found: dict[str, dict[str, Any]] = {}
+    for path in bfcl_files():
+        for case in load_bfcl(path):
+            for function in case.tools:
+                found.setdefault(function["name"], function)
+    return found
+
+
+def as_openai_tool(function: dict[str, Any]) -> dict[str, Any]:
+    """A BFCL function as an OpenAI client sends it: a function tool, its parameters in standard
+    JSON Schema (BFCL's ``dict``, ``float``, ``tuple`` renamed)."""
+    parameters = bfcl_to_json_schema(copy.deepcopy(function.get("parameters") or {"type": "object"}))
+    return {"type": "function", "function": {**function, "parameters": parameters}}
+
+
+def agent_tool_set(count: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """``count`` distinct satisfiable BFCL tools and the unsatisfiable one, as a client sends them:
+    the shape of an agent's request (one widely used coding client sends 139 tools)."""
+    functions = bfcl_functions()
+    good = [as_openai_tool(f) for n, f in functions.items() if n != UNSATISFIABLE_BFCL_TOOL][:count]
+    return good, as_openai_tool(functions[UNSATISFIABLE_BFCL_TOOL])

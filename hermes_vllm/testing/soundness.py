@@ -28,6 +28,7 @@ from jsonschema import Draft202012Validator
 
 from hermes_vllm.grammar import CompiledToolGrammar, GrammarCompileError, ToolGrammarCompiler
 from hermes_vllm.schema import (
+    ANY_ORDER_KEYS,
     ROOT_DEF,
     ToolSchemaError,
     bfcl_to_json_schema,
@@ -137,8 +138,10 @@ def declared_order(value: JSON, schema: JSON, validator: Draft202012Validator) -
     """``value`` as the schema spells it: our canonical form of an instance.
 
     Object keys in declared ``properties`` order, undeclared keys after them; a value equal to a
-    ``const`` or ``enum`` member as that member is written; integral floats as integers. None of
-    this changes what the value is to JSON Schema, and it is the form a grammar enforces.
+    ``const`` or ``enum`` member keeps its own key order where every object in the member is small
+    enough to be admitted in any order (``ANY_ORDER_KEYS``, JSON object equality ignores order),
+    and is written as the member is elsewhere; integral floats as integers. None of this changes
+    what the value is to JSON Schema, and it is the form a grammar enforces.
     """
     governing = list(_governing(value, schema, validator, set()))
     for sub in governing:
@@ -147,7 +150,7 @@ def declared_order(value: JSON, schema: JSON, validator: Draft202012Validator) -
             key = value_key(value)
             for member in members:
                 if value_key(member) == key:
-                    return canonical_value(member)
+                    return canonical_value(value if _small_objects(member) else member)
     if isinstance(value, dict):
         keys: list[str] = []
         for sub in governing:
@@ -157,6 +160,13 @@ def declared_order(value: JSON, schema: JSON, validator: Draft202012Validator) -
     if isinstance(value, list):
         return [declared_order(item, _item_schema(governing, i), validator) for i, item in enumerate(value)]
     return canonical_value(value)
+
+
+def _small_objects(value: JSON) -> bool:
+    """Whether every object inside ``value`` has at most ``ANY_ORDER_KEYS`` keys."""
+    if isinstance(value, dict):
+        return len(value) <= ANY_ORDER_KEYS and all(map(_small_objects, value.values()))
+    return all(map(_small_objects, value)) if isinstance(value, list) else True
 
 
 def _child_schema(governing: Sequence[dict[str, JSON]], key: str) -> JSON:
@@ -203,13 +213,20 @@ class Compiled:
 
 
 def compile_tools(compiler: ToolGrammarCompiler, tools: Sequence[JSON]) -> Compiled:
-    """Compile through the real path in strict coverage; explicit refusals are told from crashes."""
+    """Compile through the real path in strict coverage; explicit refusals are told from crashes.
+
+    A tool set whose every tool was left out (no call can satisfy them) counts as refused, with
+    the reason the server logs: no call can be checked against it.
+    """
     try:
-        return Compiled("compiled", compiler.compile(list(tools), coverage="strict"))
+        grammar = compiler.compile(list(tools), coverage="strict")
     except (ToolSchemaError, GrammarCompileError) as err:
         return Compiled("refused", message=str(err))
     except Exception as err:  # a crash is a finding, reported with its type
         return Compiled("crashed", message=f"{type(err).__name__}: {err}")
+    if grammar.prepared.unusable and not grammar.spec.tools:  # every tool left out: none can be called
+        return Compiled("refused", message="; ".join(map(str, grammar.prepared.unusable)))
+    return Compiled("compiled", grammar)
 
 
 @dataclass
