@@ -7,7 +7,10 @@ the end so that free text and reasoning may stop anywhere. Each tool's arguments
 xgrammar's JSON-schema conversion; its basic JSON rules are the same text for every schema and
 are kept once (each copy took ~370 KiB of masks on a 131k vocabulary). Writing the EBNF directly
 costs about a third of going through xgrammar's structural tags and merging their copies
-afterwards. Each whitespace gap is then folded into the element after it (:mod:`.ebnf`).
+afterwards. Each whitespace gap is then folded into the element after it, and rules that match
+the same text are written once (:mod:`.ebnf`): tools repeat each other's enums, objects and
+folded gaps, and 400 BFCL tools' 9,000 rules are 3,000 once merged (xgrammar builds the masks of
+every rule; its compile took ~20-40% less time, and masks in a call cost less).
 """
 
 from __future__ import annotations
@@ -23,7 +26,15 @@ import torch
 import xgrammar as xgr
 
 from hermes_vllm.grammar.engines.base import EngineGrammar, EngineMatcher, GrammarEngine, Vocabulary
-from hermes_vllm.grammar.engines.ebnf import Rule, fold_gaps, join_rules, reachable, rename, split_rules
+from hermes_vllm.grammar.engines.ebnf import (
+    Rule,
+    fold_gaps,
+    join_rules,
+    merge_equal_rules,
+    reachable,
+    rename,
+    split_rules,
+)
 from hermes_vllm.grammar.pattern import literal_characters
 from hermes_vllm.grammar.turn import LEAD_WHITESPACE, TurnSpec
 from hermes_vllm.schema import canonical_value, iter_subschemas
@@ -274,7 +285,9 @@ class XGrammarEngine(GrammarEngine):
     def compile(self, turn: TurnSpec) -> XGrammarGrammar:
         _refuse_raw_patterns(turn)
         with _readable_errors():
-            grammar = xgr.Grammar.from_ebnf(fold_gaps(turn_ebnf(turn), _is_basic))
+            grammar = xgr.Grammar.from_ebnf(
+                merge_equal_rules(fold_gaps(turn_ebnf(turn), _is_basic), _is_basic)
+            )
             return XGrammarGrammar(self._compiler.compile_grammar(grammar))
 
     def fill_bitmasks(
