@@ -1,12 +1,13 @@
 """Memoisation of per-request checks, bounded in memory as well as in entries.
 
 Agents resend the same tools with every turn, so the checks a request's tools go through (JSON
-decoding, the metaschema, coverage) are cached by the request's text. A plain ``lru_cache`` would
-let a client fill every entry with a schema of the maximum size (``Limits.max_schema_bytes``):
-hundreds of MB of keys and parsed objects. Inputs up to :data:`MAX_CHARS` are kept in an LRU of
-:data:`ENTRIES`; longer ones (an agent's 100-400 tools are 50-300 KB of JSON, and preparing them
-again costs half a second) in a second LRU bounded by their total length, :data:`LARGE_CHARS`.
-Inputs longer than :data:`LARGE_MAX_CHARS` are never cached.
+decoding, the metaschema, coverage) are cached by the request's text, or by each tool's. A plain
+``lru_cache`` would let a client fill every entry with a schema of the maximum size
+(``Limits.max_schema_bytes``): hundreds of MB of keys and parsed objects. An entry-counted one
+fails the other way: an agent's 400 tools cycle through a 256-entry LRU of per-tool checks and
+miss every time. Each memo therefore keeps the inputs it has seen up to a total length,
+:data:`CHARS` (each input counted as at least :data:`MIN_CHARS`); an input longer than
+:data:`MAX_CHARS` is never cached.
 """
 
 from __future__ import annotations
@@ -17,13 +18,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import ParamSpec, TypeVar
 
-ENTRIES = 256
-"""Entries per cache: enough for the distinct tool sets of a few hundred concurrent agents."""
-MAX_CHARS = 32 * 1024
-"""Longest input of the entry-bounded LRU: each holds at most ENTRIES x MAX_CHARS of text (8 MiB)."""
-LARGE_CHARS = 8 * 1024 * 1024
-"""Total length of the longer inputs each cache keeps (some thirty agents' 400-tool sets)."""
-LARGE_MAX_CHARS = 1024 * 1024
+CHARS = 8 * 1024 * 1024
+"""Total length of the inputs each memo keeps: some thirty agents' 400-tool sets (50-300 KB of
+JSON each), or tens of thousands of single tools."""
+MIN_CHARS = 256
+"""What the shortest inputs count for, so that a memo of short keys holds at most 32k entries."""
+MAX_CHARS = 1024 * 1024
 """Longest input that is cached at all."""
 
 P = ParamSpec("P")
@@ -70,22 +70,20 @@ class _SizedLru:
 
 
 def memoize_small(size: Callable[..., int]) -> Callable[[Callable[P, R]], Callable[P, R]]:
-    """Memoise ``fn`` by its arguments, bounded by ``size(...)`` of each call (see the module docstring)."""
+    """Memoise ``fn`` by its (hashable) arguments, ``size(...)`` being the length of a call's input
+    (see the module docstring for the bounds)."""
 
     def wrap(fn: Callable[P, R]) -> Callable[P, R]:
-        cached = functools.lru_cache(maxsize=ENTRIES)(fn)
-        large = _SizedLru(LARGE_CHARS)
-        _CLEARS.extend((cached.cache_clear, large.clear))
+        memo = _SizedLru(CHARS)
+        _CLEARS.append(memo.clear)
 
         @functools.wraps(fn)
         def call(*args: P.args, **kwargs: P.kwargs) -> R:
             n = size(*args, **kwargs)
-            if n <= MAX_CHARS:
-                return cached(*args, **kwargs)  # type: ignore[arg-type]
-            if n <= LARGE_MAX_CHARS:
-                key = (args, tuple(sorted(kwargs.items())))
-                return large.get(key, n, lambda: fn(*args, **kwargs))  # type: ignore[return-value]
-            return fn(*args, **kwargs)
+            if n > MAX_CHARS:
+                return fn(*args, **kwargs)
+            key = (args, tuple(sorted(kwargs.items()))) if kwargs else args
+            return memo.get(key, max(n, MIN_CHARS), lambda: fn(*args, **kwargs))  # type: ignore[return-value]
 
         return call
 
