@@ -327,7 +327,14 @@ def chart(summary: dict[str, Any], path: Any) -> None:
         ax.set_xlabel("tools")
         ax.set_title(title)
         ax.legend(fontsize=7)
-    fig.suptitle("Agent-scale tool sets (distinct BFCL functions; lower is better)")
+    save_figure(fig, "Agent-scale tool sets (distinct BFCL functions; lower is better)", path)
+
+
+def save_figure(fig: Any, title: str, path: Any) -> None:
+    """Title, lay out, write and close a figure (the compile benchmark's charts)."""
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

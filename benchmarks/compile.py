@@ -346,10 +346,7 @@ def chart(rows: Sequence[dict[str, Any]], path: Path) -> None:
         ax.set_xticks(x, labels, fontsize=7)
         ax.set_title(title)
         ax.legend(fontsize=7)
-    fig.suptitle("Grammar engines over BFCL tool sets (lower is better; log scale)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    agent_scale.save_figure(fig, "Grammar engines over BFCL tool sets (lower is better; log scale)", path)
 
 
 def vllm_version() -> str:
