@@ -12,8 +12,8 @@ compilers and emptied memos, ours and vLLM's alternating which goes first:
 - ``again_us``: the same set again: ours the processor's path (the request's constraint text,
   a fresh string: the memoised prepare, the cache hit); vLLM's the tag again (xgrammar's cache);
 - ``one_diff_ms``: a set that differs from the one just compiled by one tool (its last replaced);
-- ``mask_in_us``: one mask fill before each token inside a call (ground-truth arguments of the
-  first tool, which every size holds), against the same call with one tool.
+- ``mask_in_us``: the median mask fill before each token inside a call (ground-truth arguments of
+  the first tool, which every size holds); the target compares it with the same call at one tool.
 """
 
 from __future__ import annotations
