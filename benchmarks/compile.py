@@ -3,6 +3,11 @@
     python benchmarks/compile.py [--engines xgrammar,llguidance,outlines]
         [--tokenizers mistral-v1,tekken,qwen3,llama3.1] [--limit N] [--engine-limit outlines=20]
         [--out benchmarks/results/compile.json]
+    python benchmarks/compile.py --agent-scale [--sizes 1,8,32,139,400] [--repeats 3]
+        [--tokenizers tekken] [--out benchmarks/results/compile-agents.json]
+
+``--agent-scale``: 1 to 400 distinct tools per request against vLLM's structural tag on raw
+xgrammar, the targets of issue 19 (:mod:`agent_scale`). Otherwise:
 
 Tokenizers are the tiny models' (:data:`hermes_vllm.testing.tiny_model.TOKENIZER_NAMES`): 32k
 Mistral v1, 131k tekken, Qwen 3 (151,669 tokens in 151,936-wide logits, ``qwen`` dialect), Llama
@@ -41,6 +46,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+import agent_scale
 import numpy as np
 
 from hermes_vllm.grammar import CompiledToolGrammar, GrammarCompileError, ToolGrammarCompiler, ToolSchemaError
@@ -54,6 +60,7 @@ from hermes_vllm.testing.tiny_model import DIALECT_OF, TOKENIZER_NAMES
 
 RESULTS = Path(__file__).parent / "results"
 DEFAULT_ENGINE = "xgrammar"
+DEFAULT_TOKENIZERS = "mistral-v1,tekken"
 TARGETS: dict[str, dict[str, float]] = {  # issue 3: 2 cores, 131k vocabulary, default engine
     "cold_ms": {"p50": 15.0, "p99": 100.0},
     "cached_us": {"p50": 100.0},
@@ -185,17 +192,22 @@ def summarise(results: Sequence[SetResult], ids: set[str] | None = None) -> dict
     return {name: stats(per_value[name]) for name in METRICS}
 
 
-def run(engine: str, tokenizer_name: str, cases: Sequence[BfclCase]) -> list[SetResult]:
+def _compiler(engine: str, tokenizer_name: str, cache: GrammarCache[EngineGrammar]) -> ToolGrammarCompiler:
+    """A lenient compiler for the tiny model of ``tokenizer_name``, as wide as its logits."""
     from transformers import AutoTokenizer
 
     model = tiny_model_path(tokenizer_name)  # type: ignore[arg-type]
     tokenizer = AutoTokenizer.from_pretrained(str(model))
     width = json.loads((model / "config.json").read_text(encoding="utf-8"))["vocab_size"]
-    cache: GrammarCache[EngineGrammar] = GrammarCache(2 << 30, 1, lambda g: g.memory_bytes)
     dialect = DIALECT_OF.get(tokenizer_name, "hermes")
-    compiler = ToolGrammarCompiler(
+    return ToolGrammarCompiler(
         tokenizer, engine=engine, dialect=dialect, vocab_size=width, coverage="lenient", cache=cache
     )
+
+
+def run(engine: str, tokenizer_name: str, cases: Sequence[BfclCase]) -> list[SetResult]:
+    compiler = _compiler(engine, tokenizer_name, GrammarCache(2 << 30, 1, lambda g: g.memory_bytes))
+    tokenizer = compiler.vocab.tokenizer
     span = (
         tokenizer.convert_tokens_to_ids(compiler.dialect.tool_call.begin),
         tokenizer.convert_tokens_to_ids(compiler.dialect.tool_call.end),
@@ -334,22 +346,60 @@ def chart(rows: Sequence[dict[str, Any]], path: Path) -> None:
         ax.set_xticks(x, labels, fontsize=7)
         ax.set_title(title)
         ax.legend(fontsize=7)
-    fig.suptitle("Grammar engines over BFCL tool sets (lower is better; log scale)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    agent_scale.save_figure(fig, "Grammar engines over BFCL tool sets (lower is better; log scale)", path)
+
+
+def vllm_version() -> str:
+    import vllm
+
+    return str(vllm.__version__)
+
+
+def agent_scale_main(args: argparse.Namespace, command: str) -> int:
+    """``--agent-scale``: one tokenizer (the first of ``--tokenizers``; tekken when not given)."""
+    tok = args.tokenizers.split(",")[0] if args.tokenizers != DEFAULT_TOKENIZERS else "tekken"
+    compiler = _compiler(DEFAULT_ENGINE, tok, GrammarCache(2 << 30, 1, lambda g: g.memory_bytes))
+    result = agent_scale.run(
+        compiler,
+        [int(n) for n in args.sizes.split(",")],
+        args.repeats,
+        lambda line: print(line, file=sys.stderr, flush=True),
+    )
+    summary = agent_scale.summarise(result)
+    meta = {
+        "cpus": os.cpu_count(),
+        "tokenizer": tok,
+        "xgrammar": version("xgrammar"),
+        "vllm": vllm_version(),
+        "repeats": args.repeats,
+        "command": command,
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
+    out: Path = args.out or RESULTS / "compile-agents.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"meta": meta, **summary, **result}, indent=1) + "\n", encoding="utf-8")
+    out.with_suffix(".md").write_text(agent_scale.markdown(meta, summary), encoding="utf-8")
+    agent_scale.chart(summary, out.with_suffix(".png"))
+    print(agent_scale.markdown(meta, summary))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engines", default="xgrammar,llguidance,outlines")
-    parser.add_argument("--tokenizers", default="mistral-v1,tekken")
+    parser.add_argument("--tokenizers", default=DEFAULT_TOKENIZERS)
     parser.add_argument("--limit", type=int, help="tool sets per engine (spread evenly); default: all")
     parser.add_argument(
         "--engine-limit", action="append", default=[], metavar="ENGINE=N", help="per-engine --limit"
     )
-    parser.add_argument("--out", type=Path, default=RESULTS / "compile.json")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--agent-scale", action="store_true", help="1-400 tools against vLLM's tag")
+    parser.add_argument("--sizes", default=",".join(map(str, agent_scale.SIZES)))
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
+    if args.agent_scale:
+        return agent_scale_main(args, " ".join(["python benchmarks/compile.py", *(argv or sys.argv[1:])]))
+    args.out = args.out or RESULTS / "compile.json"
     logging.getLogger("hermes_vllm").setLevel(logging.ERROR)
     limits = {e: int(n) for e, n in (item.split("=") for item in args.engine_limit)}
     engines, tokenizers = args.engines.split(","), args.tokenizers.split(",")

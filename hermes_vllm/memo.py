@@ -1,38 +1,89 @@
 """Memoisation of per-request checks, bounded in memory as well as in entries.
 
 Agents resend the same tools with every turn, so the checks a request's tools go through (JSON
-decoding, the metaschema, coverage) are cached by the request's text. A plain ``lru_cache`` would
-let a client fill every entry with a schema of the maximum size (``Limits.max_schema_bytes``):
-hundreds of MB of keys and parsed objects. Inputs longer than :data:`MAX_CHARS` are therefore
-never cached; they are rare, and only they pay the check again.
+decoding, the metaschema, coverage) are cached by the request's text, or by each tool's. A plain
+``lru_cache`` would let a client fill every entry with a schema of the maximum size
+(``Limits.max_schema_bytes``): hundreds of MB of keys and parsed objects. An entry-counted one
+fails the other way: an agent's 400 tools cycle through a 256-entry LRU of per-tool checks and
+miss every time. Each memo therefore keeps the inputs it has seen up to a total length,
+:data:`CHARS` (each input counted as at least :data:`MIN_CHARS`); an input longer than
+:data:`MAX_CHARS` is never cached.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from typing import ParamSpec, TypeVar
 
-ENTRIES = 256
-"""Entries per cache: enough for the distinct tool sets of a few hundred concurrent agents."""
-MAX_CHARS = 32 * 1024
-"""Longest input that is cached: each cache holds at most ENTRIES x MAX_CHARS of text (8 MiB)."""
+CHARS = 8 * 1024 * 1024
+"""Total length of the inputs each memo keeps: some thirty agents' 400-tool sets (50-300 KB of
+JSON each), or tens of thousands of single tools."""
+MIN_CHARS = 256
+"""What the shortest inputs count for, so that a memo of short keys holds at most 32k entries."""
+MAX_CHARS = 1024 * 1024
+"""Longest input that is cached at all."""
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
+_CLEARS: list[Callable[[], None]] = []
+
+
+def clear_memos() -> None:
+    """Empty every memo, so that a benchmark can measure a tool set's first request again."""
+    for clear in _CLEARS:
+        clear()
+
+
+class _SizedLru:
+    """A thread-safe LRU whose entries' sizes sum to at most ``budget`` (exceptions are not kept)."""
+
+    def __init__(self, budget: int) -> None:
+        self._budget = budget
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[Hashable, tuple[object, int]] = OrderedDict()
+        self._size = 0
+
+    def get(self, key: Hashable, size: int, compute: Callable[[], object]) -> object:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+                return entry[0]
+        value = compute()  # outside the lock: computing may take long, and may recurse
+        with self._lock:
+            if key not in self._entries:
+                self._entries[key] = (value, size)
+                self._size += size
+                while self._size > self._budget:
+                    _, (_, evicted) = self._entries.popitem(last=False)
+                    self._size -= evicted
+        return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._size = 0
+
 
 def memoize_small(size: Callable[..., int]) -> Callable[[Callable[P, R]], Callable[P, R]]:
-    """An LRU of :data:`ENTRIES` around ``fn``, for the calls whose ``size(...)`` is <= :data:`MAX_CHARS`."""
+    """Memoise ``fn`` by its (hashable) arguments, ``size(...)`` being the length of a call's input
+    (see the module docstring for the bounds)."""
 
     def wrap(fn: Callable[P, R]) -> Callable[P, R]:
-        cached = functools.lru_cache(maxsize=ENTRIES)(fn)
+        memo = _SizedLru(CHARS)
+        _CLEARS.append(memo.clear)
 
         @functools.wraps(fn)
         def call(*args: P.args, **kwargs: P.kwargs) -> R:
-            if size(*args, **kwargs) <= MAX_CHARS:
-                return cached(*args, **kwargs)  # type: ignore[arg-type]
-            return fn(*args, **kwargs)
+            n = size(*args, **kwargs)
+            if n > MAX_CHARS:
+                return fn(*args, **kwargs)
+            key = (args, tuple(sorted(kwargs.items()))) if kwargs else args
+            return memo.get(key, max(n, MIN_CHARS), lambda: fn(*args, **kwargs))  # type: ignore[return-value]
 
         return call
 

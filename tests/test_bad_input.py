@@ -15,7 +15,7 @@ import pytest
 
 from hermes_vllm import constraint_args
 from hermes_vllm.grammar import ToolGrammarCompiler
-from hermes_vllm.memo import MAX_CHARS, memoize_small
+from hermes_vllm.memo import CHARS, MAX_CHARS, memoize_small
 from hermes_vllm.processor.core import validate_request
 from hermes_vllm.settings import Limits
 
@@ -155,7 +155,9 @@ def test_limits_are_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_request_memos_never_hold_maximum_size_inputs() -> None:
-    """A client sending many maximum-size schemas cannot fill the per-request memos with them."""
+    """A client sending many maximum-size schemas cannot fill the per-request memos with them:
+    each memo keeps inputs up to a total length, and never the longest; an agent's hundreds of
+    tools, each checked by itself, all stay cached (an entry-counted LRU missed every time)."""
     seen: list[str] = []
 
     @memoize_small(len)
@@ -163,7 +165,15 @@ def test_request_memos_never_hold_maximum_size_inputs() -> None:
         seen.append(text)
         return len(text)
 
-    small, large = "x" * 10, "y" * (MAX_CHARS + 1)
-    for text in (small, small, large, large):
+    tools = [f"tool {i}" for i in range(400)]
+    large, huge = "y" * (MAX_CHARS // 2), "z" * (MAX_CHARS + 1)
+    for text in (*tools, *tools, large, large, huge, huge):
         assert check(text) == len(text)
-    assert seen == [small, large, large]
+    assert seen == [*tools, large, huge, huge]
+    others = [str(i) * (MAX_CHARS // 2) for i in range(2 * CHARS // MAX_CHARS + 1)]
+    for text in others:  # more than CHARS in all: the oldest are dropped
+        check(text)
+    seen.clear()
+    check(others[-1])
+    check(large)
+    assert seen == [large]

@@ -73,6 +73,18 @@ def test_processor_required_offline_and_end_to_end_run(tmp_path: Path) -> None:
     assert report["end_to_end"]
 
 
+def test_compile_agent_scale_runs(tmp_path: Path) -> None:
+    """Both sides compile, walk the same call and meet the cache target at a small size."""
+    out = tmp_path / "agents.json"
+    args = ("--agent-scale", "--sizes", "1,3", "--repeats", "1", "--tokenizers", "mistral-v1")
+    run("compile.py", *args, out=out)
+    report = json.loads(out.read_text())
+    assert set(report["medians"]) == {"hermes_vllm", "vllm_structural_tag"}
+    for side in report["medians"].values():
+        assert all(side[n]["mask_in_us"] > 0 and side[n]["cold_ms"] > 0 for n in ("1", "3"))
+    assert report["targets"]["again_us"]["met"] and out.with_suffix(".png").stat().st_size > 0
+
+
 def test_budget_cache_trace_runs(tmp_path: Path) -> None:
     run("budget.py", "--cache", out=tmp_path)
     cache = json.loads((tmp_path / "budget-cache.json").read_text())["cache"]

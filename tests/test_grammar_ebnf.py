@@ -13,9 +13,11 @@ import xgrammar as xgr
 from hermes_vllm.grammar import ToolGrammarCompiler
 from hermes_vllm.grammar.engines import ebnf as ebnf_module
 from hermes_vllm.grammar.engines import xgrammar as xgrammar_engine
-from hermes_vllm.grammar.engines.ebnf import fold_gaps, rename, split_rules
+from hermes_vllm.grammar.engines.base import allocate_bitmask
+from hermes_vllm.grammar.engines.ebnf import fold_gaps, merge_equal_rules, rename, split_rules
 from hermes_vllm.grammar.engines.xgrammar import turn_ebnf
-from hermes_vllm.testing.soundness import tool
+from hermes_vllm.testing.corpus import bfcl_files, load_bfcl
+from hermes_vllm.testing.soundness import call_text, ground_truth_arguments, tool
 
 
 def _strings_tool(name: str, keys: str) -> dict[str, Any]:
@@ -77,6 +79,87 @@ def test_equal_folds_are_written_once_and_kept_rules_are_left_alone() -> None:
     folded = split_rules(fold_gaps(ebnf, lambda name: name.startswith("basic_")))
     assert folded[0] == ("root", "((gap_3 basic_x gap_3))")
     assert ("basic_x", '(("," w{0, 1} ":"))') in folded
+
+
+EQUAL = (
+    'root ::= ((a c "z") | (basic_k basic_m) | (e))\n'
+    'a ::= (("x" b))\n'
+    'b ::= (("y") | ("w"))\n'
+    'c ::= (("x" d))\n'
+    'd ::= (("y") | ("w"))\n'
+    'e ::= (("x" f))\n'
+    'f ::= (("y") | ("v"))\n'
+    'basic_k ::= (("q"))\n'
+    'basic_m ::= (("q"))\n'
+)
+
+
+def test_equal_rules_are_written_once_through_their_references() -> None:
+    """``d`` equals ``b``, so ``c`` (``"x" d``) equals ``a``; ``f`` differs by one literal, and
+    kept rules (xgrammar's basics) and ``root`` stay as they are."""
+    merged = merge_equal_rules(EQUAL, lambda name: name.startswith("basic_"))
+    assert split_rules(merged) == [
+        ("root", '((a a "z") | (basic_k basic_m) | (e))'),
+        ("a", '(("x" b))'),
+        ("b", '(("y") | ("w"))'),
+        ("e", '(("x" f))'),
+        ("f", '(("y") | ("v"))'),
+        ("basic_k", '(("q"))'),
+        ("basic_m", '(("q"))'),
+    ]
+    for text in ("xyxwz", "xwxyz", "qq", "xv", "xy"):
+        assert _accepts(merged, text) and _accepts(EQUAL, text), text
+    for text in ("xvxyz", "xyxy", "q", "xw"):
+        assert not _accepts(merged, text) and not _accepts(EQUAL, text), text
+
+
+def _bfcl_tools_and_calls(count: int) -> tuple[list[dict[str, Any]], list[str]]:
+    """The first ``count`` distinct BFCL functions, and each ground-truth call among them in both
+    key orders, with a broken copy of each (its first argument's value opened as an array)."""
+    tools: dict[str, dict[str, Any]] = {}
+    texts: list[str] = []
+    for path in bfcl_files():
+        for case in load_bfcl(path):
+            for fn in case.tools:
+                if len(tools) < count:
+                    tools.setdefault(fn["name"], fn)
+            for answer in case.ground_truth or []:
+                for name, raw in answer.items():
+                    if tools.get(name) in case.tools and len(texts) < 4 * count:
+                        args = ground_truth_arguments(raw)
+                        name_first = call_text(name, args, compact=False)
+                        body = json.dumps({"arguments": args, "name": name}, ensure_ascii=False)
+                        texts += [name_first, f"<tool_call>{body}</tool_call>"]
+                        if args:
+                            at = name_first.index('": ', name_first.index('"arguments": ') + 13)
+                            texts.append(name_first[:at] + '": [' + name_first[at + 3 :])
+    return list(tools.values()), [f"Sure. {t} Done." for t in texts]
+
+
+def test_merging_equal_rules_keeps_every_mask_over_bfcl_tools(tokenizer_131k: Any) -> None:
+    """The engine's grammar (rules merged) and the same grammar unmerged allow the same tokens at
+    every position of BFCL's ground-truth calls, either key order, and of broken copies of them."""
+    compiler = ToolGrammarCompiler(tokenizer_131k, coverage="lenient")
+    tools, texts = _bfcl_tools_and_calls(60)
+    spec = compiler.prepare(tools).spec
+    merged = compiler.engine.compile(spec).compiled
+    plain = xgr.GrammarCompiler(compiler.vocab.tokenizer_info, cache_enabled=False).compile_grammar(
+        xgr.Grammar.from_ebnf(fold_gaps(turn_ebnf(spec), xgrammar_engine._is_basic))
+    )
+    masks = allocate_bitmask(2, compiler.vocab.vocab_size)
+    rejected = 0
+    for text in texts:
+        matchers = [xgr.GrammarMatcher(g) for g in (merged, plain)]
+        for token in tokenizer_131k.encode(text, add_special_tokens=False):
+            for row, matcher in enumerate(matchers):
+                matcher.fill_next_token_bitmask(masks, row)
+            assert bool((masks[0] == masks[1]).all()), text
+            accepted = [m.accept_token(token) for m in matchers]
+            assert accepted[0] == accepted[1], text
+            if not accepted[0]:
+                rejected += 1
+                break
+    assert len(texts) > 60 and len(texts) / 4 < rejected < len(texts) / 2
 
 
 def test_a_turn_grammar_keeps_no_gap_that_ends_its_rule(tokenizer_131k: Any) -> None:

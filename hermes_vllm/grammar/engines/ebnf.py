@@ -78,7 +78,9 @@ def fold_gaps(ebnf: str, keep: Callable[[str], bool] = lambda name: False) -> st
     gaps = _gap_references(rules, ebnf)
     if not gaps:
         return ebnf
-    mentions = re.compile("|".join(sorted({re.escape(ref.split("{")[0]) for ref in gaps})))
+    # A set, not one alternation of every gap's name: a large tool set has thousands of gap
+    # rules, and that pattern took about a second to build and search (400 BFCL tools).
+    gap_names = {ref.split("{")[0] for ref in gaps}
     taken = {name for name, _ in rules}
     folded: dict[str, str] = {}  # body -> name of the rule holding it
 
@@ -98,7 +100,8 @@ def fold_gaps(ebnf: str, keep: Callable[[str], bool] = lambda name: False) -> st
     result = []
     for name, body in rules:
         # xgrammar drops the gap rules that end up unreferenced.
-        if not keep(name) and mentions.search(body) and (parsed := _alternatives(body)) is not None:
+        mentions = not gap_names.isdisjoint(_LEXEME.findall(body))
+        if not keep(name) and mentions and (parsed := _alternatives(body)) is not None:
             alternatives, rest = parsed
             body = "(" + " | ".join(f"({' '.join(fold(a))})" if a else '""' for a in alternatives) + ")"
             body += rest
@@ -176,3 +179,42 @@ def _fresh(stem: str, taken: set[str]) -> str:
         n += 1
     taken.add(f"{stem}_{n}")
     return f"{stem}_{n}"
+
+
+def merge_equal_rules(ebnf: str, keep: Callable[[str], bool] = lambda name: False) -> str:
+    """``ebnf`` with rules of equal bodies written once (``root`` and rules passing ``keep`` stay).
+
+    Two rules are merged when their bodies are the same text once the rules they refer to are
+    merged, until nothing changes: equal bodies over equal rules match the same text, so the
+    language is the same. A merge looks again only at the rules that refer to the merged one.
+    """
+    rules = split_rules(ebnf)
+    parts = {name: _LEXEME.split(body) for name, body in rules}
+    users: dict[str, list[str]] = {name: [] for name in parts}
+    for name, pieces in parts.items():
+        for ref in set(pieces[1::2]) & parts.keys():
+            users[ref].append(name)
+    canon = {name: name for name in parts}
+
+    def find(name: str) -> str:
+        while canon[name] != name:
+            canon[name] = canon[canon[name]]
+            name = canon[name]
+        return name
+
+    def text(name: str) -> str:
+        return "".join(find(p) if j % 2 and p in canon else p for j, p in enumerate(parts[name]))
+
+    owner: dict[str, str] = {}  # body over merged references -> the rule that keeps it
+    todo = list(parts)
+    while todo:
+        merged = []
+        for name in todo:
+            if find(name) == name and name != "root" and not keep(name):
+                kept = owner.setdefault(text(name), name)
+                if kept != name:
+                    canon[name] = kept
+                    users[kept] += users[name]  # their text changes with the kept rule's merges
+                    merged.append(name)
+        todo = list(dict.fromkeys(user for name in merged for user in users[name]))
+    return join_rules([(name, text(name)) for name, _ in rules if canon[name] == name])

@@ -7,7 +7,10 @@ the end so that free text and reasoning may stop anywhere. Each tool's arguments
 xgrammar's JSON-schema conversion; its basic JSON rules are the same text for every schema and
 are kept once (each copy took ~370 KiB of masks on a 131k vocabulary). Writing the EBNF directly
 costs about a third of going through xgrammar's structural tags and merging their copies
-afterwards. Each whitespace gap is then folded into the element after it (:mod:`.ebnf`).
+afterwards. Each whitespace gap is then folded into the element after it, and rules that match
+the same text are written once (:mod:`.ebnf`): tools repeat each other's enums, objects and
+folded gaps, and 400 BFCL tools' 9,000 rules are 3,000 once merged (xgrammar builds the masks of
+every rule; its compile took ~20-40% less time, and masks in a call cost less).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -23,9 +26,18 @@ import torch
 import xgrammar as xgr
 
 from hermes_vllm.grammar.engines.base import EngineGrammar, EngineMatcher, GrammarEngine, Vocabulary
-from hermes_vllm.grammar.engines.ebnf import Rule, fold_gaps, join_rules, reachable, rename, split_rules
+from hermes_vllm.grammar.engines.ebnf import (
+    Rule,
+    fold_gaps,
+    join_rules,
+    merge_equal_rules,
+    reachable,
+    rename,
+    split_rules,
+)
 from hermes_vllm.grammar.pattern import literal_characters
 from hermes_vllm.grammar.turn import LEAD_WHITESPACE, TurnSpec
+from hermes_vllm.memo import memoize_small
 from hermes_vllm.schema import canonical_value, iter_subschemas
 from hermes_vllm.schema.spec import pointer
 from hermes_vllm.settings import get_limits
@@ -71,17 +83,23 @@ def _choice(alternatives: Sequence[str]) -> str:
     return "(" + " | ".join(f"({a})" if a else '""' for a in alternatives) + ")"
 
 
+@memoize_small(lambda schema, max_whitespace: len(schema))
+def _schema_rules(schema: str, max_whitespace: int) -> tuple[Mapping[str, str], frozenset[str]]:
+    """xgrammar's JSON-schema conversion of one tool's parameters (canonical JSON text): its rules
+    by name, and which of them are its basic JSON rules or reached from them. Memoised: agents'
+    tool sets shift by a tool or two and share tools with each other, and converting is ~1 ms a
+    tool (a third of our share of a 400-tool compile)."""
+    grammar = xgr.Grammar.from_json_schema(schema, max_whitespace_cnt=max_whitespace, strict_mode=True)
+    rules = dict(split_rules(str(grammar)))
+    return rules, frozenset(reachable(rules, (name for name in rules if name.startswith("basic_"))))
+
+
 def _arguments_rules(index: int, parameters: Any, max_whitespace: int, basics: dict[str, str]) -> list[Rule]:
     """One tool's arguments grammar, from xgrammar's JSON-schema conversion, its rules renamed
     ``t<index>_...``. xgrammar's basic JSON rules (and the whitespace rules they use) are the same
     text for every schema: the first tool's copy goes to ``basics``, later equal copies are dropped."""
-    grammar = xgr.Grammar.from_json_schema(  # integral floats as integers, as its structural tags take them
-        json.dumps(canonical_value(parameters), ensure_ascii=False),
-        max_whitespace_cnt=max_whitespace,
-        strict_mode=True,
-    )
-    rules = dict(split_rules(str(grammar)))
-    common = reachable(rules, (name for name in rules if name.startswith("basic_")))
+    # Integral floats as integers, as xgrammar's structural tags take them.
+    rules, common = _schema_rules(json.dumps(canonical_value(parameters), ensure_ascii=False), max_whitespace)
     if not basics:
         basics.update((name, rules[name]) for name in common)
     shared = common if all(basics.get(name) == rules[name] for name in common) else set()
@@ -274,7 +292,9 @@ class XGrammarEngine(GrammarEngine):
     def compile(self, turn: TurnSpec) -> XGrammarGrammar:
         _refuse_raw_patterns(turn)
         with _readable_errors():
-            grammar = xgr.Grammar.from_ebnf(fold_gaps(turn_ebnf(turn), _is_basic))
+            grammar = xgr.Grammar.from_ebnf(
+                merge_equal_rules(fold_gaps(turn_ebnf(turn), _is_basic), _is_basic)
+            )
             return XGrammarGrammar(self._compiler.compile_grammar(grammar))
 
     def fill_bitmasks(
