@@ -153,9 +153,7 @@ def test_tags_inside_json_strings_do_not_end_or_open_a_call(dialect: str, vllm_t
     tricky = f'a{d.tool_call.end}b{d.tool_call.begin}c "{d.reasoning[0].begin}'
     text = literal_block("get_weather", {"city": tricky}, d) + " after"
     parsed = check_both_ways(dialect, vllm_tokenizer, text)
-    assert parsed.calls == [
-        ("get_weather", json.dumps({"city": tricky}, ensure_ascii=False))
-    ]
+    assert parsed.calls == [("get_weather", json.dumps({"city": tricky}, ensure_ascii=False))]
     assert parsed.content == " after"
 
 
@@ -281,7 +279,9 @@ def test_a_prompt_that_closed_reasoning_streams_the_same(dialect: str, vllm_toke
     prompt = prompt_ids(vllm_tokenizer, d, f"{pair.begin}{pair.end}")
     streamed = parse_stream(cls, vllm_tokenizer, list(text), request, prompt)
     assert (
-        streamed == parse_whole(cls, vllm_tokenizer, text, request) == Parsed("r", "AB", [("add", '{"a": 1}')])
+        streamed
+        == parse_whole(cls, vllm_tokenizer, text, request)
+        == Parsed("r", "AB", [("add", '{"a": 1}')])
     )
 
 

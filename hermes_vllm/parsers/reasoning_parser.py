@@ -123,7 +123,7 @@ class DialectReasoningParser(ReasoningParser):  # type: ignore[misc]
                 inside = open_at_end(
                     self._opener + str(self.model_tokenizer.decode(input_ids[:i])), self.dialect
                 )
-                if inside == tags:
+                if inside is not None and inside.tags == tags:
                     return input_ids[i + 1 :]
         return []
 

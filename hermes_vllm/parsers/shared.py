@@ -66,8 +66,9 @@ def turn_text(tokenizer: Any, vocab: dict[str, int], ids: Sequence[int], dialect
 def prompt_opened(
     tokenizer: Any, vocab: dict[str, int], prompt_ids: Sequence[int], dialect: Dialect
 ) -> TagPair | None:
-    """The reasoning or hidden span the prompt leaves open (see :func:`~hermes_vllm.spans.open_at_end`)."""
-    return open_at_end(turn_text(tokenizer, vocab, prompt_ids, dialect), dialect)
+    """The tags of the span the prompt leaves open (see :func:`~hermes_vllm.spans.open_at_end`)."""
+    span = open_at_end(turn_text(tokenizer, vocab, prompt_ids, dialect), dialect)
+    return None if span is None else span.tags
 
 
 @functools.lru_cache(maxsize=16)
@@ -88,4 +89,5 @@ def template_opened(tokenizer: Any, dialect_name: str, enable_thinking: bool | N
     except Exception as err:  # any template error means: no generation prompt to read
         logger.debug("hermes-vllm: no generation prompt to read from the chat template: %s", err)
         return None
-    return open_at_end(prompt, get_dialect(dialect_name)) if isinstance(prompt, str) else None
+    span = open_at_end(prompt, get_dialect(dialect_name)) if isinstance(prompt, str) else None
+    return None if span is None else span.tags
