@@ -258,6 +258,10 @@ class ConstraintCore:
         while at + len(pieces[first]) <= span.start:
             at += len(pieces[first])
             first += 1
+        if pieces[first][: span.start - at].strip():
+            # The tag shares a token with the text before it: no grammar state to start from.
+            logger.warning("hermes-vllm: the prompt's open span starts inside a token; starting in free text")
+            return
         state.pending = tail[first:]  # replayed (gated) or fed first (engine-only) into the matcher
         state.text = "".join(pieces[first:])
         if state.budget is not None:
