@@ -36,10 +36,8 @@ def _wrap(get_parser: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(get_parser)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         parser = get_parser(*args, **kwargs)
-        if parser is not None and any(
-            (cls.__module__ or "").startswith("hermes_vllm.")
-            for cls in (parser.reasoning_parser_cls, parser.tool_parser_cls)
-            if cls is not None
+        if parser is not None and (
+            prompt_state.is_ours(parser.reasoning_parser_cls) or prompt_state.is_ours(parser.tool_parser_cls)
         ):
             prompt_state.attach(parser)
         if parser is not None and getattr(parser.tool_parser_cls, MARK, False):

@@ -19,14 +19,17 @@ _SHOWN = "_hermes_vllm_prompt_shown"
 _ATTACHED = "_hermes_vllm_prompt_attached"
 
 
+def is_ours(cls: type[Any] | None) -> bool:
+    """A parser class of this package; vLLM's own are left as vLLM has them."""
+    return cls is not None and cls.__module__.startswith("hermes_vllm.")
+
+
 def _show(parser: Any, prompt_token_ids: Sequence[int]) -> None:
     if getattr(parser, _SHOWN, False):
         return
     setattr(parser, _SHOWN, True)
     for part in (parser.reasoning_parser, parser.tool_parser):
-        if part is not None and type(part).__module__.startswith(
-            "hermes_vllm."
-        ):  # vLLM's own: as vLLM has it
+        if part is not None and is_ours(type(part)):
             getattr(part, HOOK)(prompt_token_ids)
 
 
