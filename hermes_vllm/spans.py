@@ -164,3 +164,20 @@ def read_tail(text: str, dialect: Dialect) -> Tail:
     if partial_tag_suffix(text, tuple(p.begin for p in dialect.free_spans)):
         return Tail(None, "span", calls, False)
     return Tail(None, None, calls, False)
+
+
+def open_at_end(prompt: str, dialect: Dialect) -> Span | None:
+    """The reasoning or hidden span ``prompt`` leaves open, whose body the model writes next.
+
+    Qwen3-Thinking-2507, Qwen 3.5 and DeepSeek-R1 templates end their generation prompt with
+    ``<think>\n``: the output then starts inside the span and may hold only its closing tag.
+    Only the last turn is read (after the dialect's turn marker, where there is one); the span's
+    ``start`` is its offset in ``prompt``. A prompt ending inside a call opens nothing: a call is
+    the model's to write, whatever a prompt spells.
+    """
+    marker = prompt.rfind(dialect.turn.begin)
+    base = 0 if marker < 0 else marker + len(dialect.turn.begin)
+    span = read_tail(prompt[base:], dialect).open
+    if span is None or span.kind == "call":
+        return None
+    return Span(span.kind, base + span.start, base + span.end, span.body, closed=False, tags=span.tags)

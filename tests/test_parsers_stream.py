@@ -141,8 +141,8 @@ def test_every_call_in_order_with_the_text_around_them(dialect: str, vllm_tokeni
     )
     parsed = check_both_ways(dialect, vllm_tokenizer, text)
     assert parsed.calls == [
-        ("get_weather", '{"city":"Paris","n":2}'),
-        ("add", '{"a":1,"b":2.5,"name":"not the tool"}'),
+        ("get_weather", '{"city": "Paris", "n": 2}'),
+        ("add", '{"a": 1, "b": 2.5, "name": "not the tool"}'),
     ]
     assert parsed.content == "Let me check.\nDone, see above."
 
@@ -153,9 +153,7 @@ def test_tags_inside_json_strings_do_not_end_or_open_a_call(dialect: str, vllm_t
     tricky = f'a{d.tool_call.end}b{d.tool_call.begin}c "{d.reasoning[0].begin}'
     text = literal_block("get_weather", {"city": tricky}, d) + " after"
     parsed = check_both_ways(dialect, vllm_tokenizer, text)
-    assert parsed.calls == [
-        ("get_weather", json.dumps({"city": tricky}, ensure_ascii=False, separators=(",", ":")))
-    ]
+    assert parsed.calls == [("get_weather", json.dumps({"city": tricky}, ensure_ascii=False))]
     assert parsed.content == " after"
 
 
@@ -170,7 +168,7 @@ def test_a_broken_call_does_not_lose_the_good_ones(dialect: str, vllm_tokenizer:
         parsed = check_both_ways(
             dialect, vllm_tokenizer, f"{good}\n{broken}\n{good} mid\n{unbalanced}\n{good} end"
         )
-    assert parsed.calls == [("add", '{"a":1,"b":2}')] * 3
+    assert parsed.calls == [("add", '{"a": 1, "b": 2}')] * 3
     assert parsed.content == " mid end"
     assert "skipping an unreadable tool call" in caplog.text
 
@@ -185,7 +183,7 @@ def test_a_call_cut_by_max_tokens_is_not_reported_but_the_calls_before_it_are(
     second = literal_block("add", {"a": 1, "b": f"{d.tool_call.end} {d.tool_call.begin}"}, d)
     for cut in range(1, len(second)):
         parsed = check_both_ways(dialect, vllm_tokenizer, f"Intro {first}\n{second[:cut]}")
-        assert parsed.calls == [("get_weather", '{"city":"Oslo"}')], cut
+        assert parsed.calls == [("get_weather", '{"city": "Oslo"}')], cut
         assert parsed.content == "Intro", cut
 
 
@@ -194,7 +192,7 @@ def test_python_literal_payloads_are_read_and_written_back_as_json(dialect: str,
     d = get_dialect(dialect)
     payload = "{'name': 'add', 'arguments': {'a': 1, 'b': True, 'c': None}}"
     text = f"{d.tool_call.begin}{payload}{d.tool_call.end}"
-    assert check_both_ways(dialect, vllm_tokenizer, text).calls == [("add", '{"a":1,"b":true,"c":null}')]
+    assert check_both_ways(dialect, vllm_tokenizer, text).calls == [("add", '{"a": 1, "b": true, "c": null}')]
 
 
 def test_hermes_reasoning_comes_first_then_the_calls(vllm_tokenizer: Any) -> None:
@@ -203,7 +201,7 @@ def test_hermes_reasoning_comes_first_then_the_calls(vllm_tokenizer: Any) -> Non
     call = call_block("add", {"a": 1}, d)
     text = f"{think.begin}Plan: {d.tool_call.begin} is just text here{think.end}\nOn it. {call}"
     parsed = check_both_ways("hermes", vllm_tokenizer, text)
-    assert parsed == Parsed(f"Plan: {d.tool_call.begin} is just text here", "\nOn it.", [("add", '{"a":1}')])
+    assert parsed == Parsed(f"Plan: {d.tool_call.begin} is just text here", "\nOn it.", [("add", '{"a": 1}')])
 
 
 def test_bracket_hidden_spans_go_to_reasoning_wherever_they_are(vllm_tokenizer: Any) -> None:
@@ -214,7 +212,7 @@ def test_bracket_hidden_spans_go_to_reasoning_wherever_they_are(vllm_tokenizer: 
         f"{pad.begin} two{pad.end} text{call_block('add', {'a': 1}, d)}{step.begin} three{step.end}"
     )
     parsed = check_both_ways("chatml-brackets", vllm_tokenizer, text)
-    assert parsed == Parsed(f"think one{pad.end} two three", "Visible text", [("add", '{"a":1}')])
+    assert parsed == Parsed(f"think one{pad.end} two three", "Visible text", [("add", '{"a": 1}')])
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
@@ -226,7 +224,7 @@ def test_without_a_reasoning_parser_spans_stay_in_the_content(dialect: str, vllm
     request = chat_request()
     whole = parse_whole(cls, vllm_tokenizer, text, request)
     streamed = parse_stream(cls, vllm_tokenizer, list(text), request, prompt_ids(vllm_tokenizer, d))
-    assert whole == streamed == Parsed(None, f"{span} ok", [("add", '{"a":1}')])
+    assert whole == streamed == Parsed(None, f"{span} ok", [("add", '{"a": 1}')])
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
@@ -281,7 +279,9 @@ def test_a_prompt_that_closed_reasoning_streams_the_same(dialect: str, vllm_toke
     prompt = prompt_ids(vllm_tokenizer, d, f"{pair.begin}{pair.end}")
     streamed = parse_stream(cls, vllm_tokenizer, list(text), request, prompt)
     assert (
-        streamed == parse_whole(cls, vllm_tokenizer, text, request) == Parsed("r", "AB", [("add", '{"a":1}')])
+        streamed
+        == parse_whole(cls, vllm_tokenizer, text, request)
+        == Parsed("r", "AB", [("add", '{"a": 1}')])
     )
 
 
@@ -316,7 +316,7 @@ def _call(draw: st.DrawFn, d: Dialect) -> tuple[str, tuple[str, str]]:
     )
     pad = st.sampled_from(["", "\n", " "])
     text = f"{d.tool_call.begin}{draw(pad)}{payload}{draw(pad)}{d.tool_call.end}"
-    return text, (name, json.dumps(arguments, ensure_ascii=False, separators=(",", ":")))
+    return text, (name, json.dumps(arguments, ensure_ascii=False))
 
 
 def _body(d: Dialect, pair: TagPair) -> st.SearchStrategy[str]:
@@ -402,7 +402,7 @@ def test_a_long_open_call_is_not_rescanned_on_every_delta() -> None:
     for _ in range(2000):
         assert stream.feed("x" * 50).calls == []
     assert time.perf_counter() - start < 2.0
-    assert stream.feed(f'"}}}}{d.tool_call.end}').calls[0].arguments == '{"s":"' + "x" * 100_000 + '"}'
+    assert stream.feed(f'"}}}}{d.tool_call.end}').calls[0].arguments == '{"s": "' + "x" * 100_000 + '"}'
 
 
 def test_a_lone_surrogate_escape_in_arguments_survives_as_utf8() -> None:

@@ -267,6 +267,48 @@ def test_v2_adapter_replays_resumed_output(
     assert not torch.isfinite(logits[0]).all()
 
 
+OPENED = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n"
+"""A generation prompt that opens the reasoning span (Qwen3-Thinking-2507, DeepSeek-R1 style)."""
+INSIDE = "Maybe <tool_call>{not a call</think>\n" + TURN_A[len("Let me check.\n") :]
+"""The output after it: a call tag inside the span, then the real call."""
+
+
+@pytest.mark.parametrize("choice", ["auto", "required"])
+def test_v1_adapter_starts_a_row_inside_the_span_its_prompt_opened(
+    vllm_config: Any, tokenizer: Any, choice: str
+) -> None:
+    proc = ToolCallLogitsProcessor(vllm_config, torch.device("cpu"), False)
+    width = vllm_config.model_config.get_vocab_size()
+    stream = Stream(tokens_of(tokenizer, INSIDE))
+    added = [(0, params([WEATHER], choice), tokens_of(tokenizer, OPENED), stream.output)]
+    proc.update_state(BatchUpdate(batch_size=1, removed=[], added=added, moved=[]))
+    for step, token in enumerate(stream.plan):
+        logits = random_logits(1, width, step)
+        proc.apply(logits)
+        assert allowed(logits, 0, token), f"step {step}: the turn's own token was masked"
+        stream.commit()
+        proc.update_state(None)
+    assert proc.rows[0][0].failed is None
+
+
+@pytest.mark.parametrize("choice", ["auto", "required"])
+def test_v2_adapter_starts_a_row_inside_the_span_its_prompt_opened(
+    v2: tuple[ToolCallLogitsProcessor, FakeRunner, int], tokenizer: Any, choice: str
+) -> None:
+    """The prompt ends with ``<think>``: a call tag before ``</think>`` is reasoning text, not a call."""
+    proc, runner, width = v2
+    plan = tokens_of(tokenizer, INSIDE)
+    runner.admit(1, tokens_of(tokenizer, OPENED))
+    assert proc.add_request(1, params([WEATHER], choice))
+    for step, token in enumerate(plan):
+        proc.apply_staged_writes()
+        logits = random_logits(1, width, step)
+        proc.apply(logits, context([1]))
+        assert allowed(logits, 0, token), f"step {step}: the turn's own token was masked"
+        runner.commit(1, token)
+    assert proc.slots[1].failed is None
+
+
 def _async_batch(vllm_config: Any) -> Any:
     """A V1 ``InputBatch`` built as the GPU runner builds it for entry-point processors only."""
     from vllm.v1.sample.logits_processor import build_logitsprocs

@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from hermes_vllm import constraint_args
@@ -81,3 +82,34 @@ def test_a_closing_tag_inside_an_unfinished_argument_keeps_the_call_constrained(
     core.step(logits, [(0, state, [])])
     assert state.matcher is not None and state.failed is None
     assert not torch.isfinite(logits[0, tokenizer.eos_token_id]), "the call is unfinished: no end of turn"
+
+
+OPENED_PROMPT = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n"
+"""A generation prompt that opens the reasoning span, as Qwen3-Thinking-2507 and DeepSeek-R1 write."""
+INSIDE = (
+    'maybe <tool_call>{"name": nothing valid</think>\n\n'
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+)
+"""The output after it: a call tag inside the still-open span is text, then the real call."""
+
+
+@pytest.mark.parametrize("choice", ["auto", "required"])
+def test_a_prompt_that_opens_reasoning_starts_the_row_inside_the_span(tokenizer: Any, choice: str) -> None:
+    """The gate and the engine read the output as the span's body; the budget counts from the tag."""
+    core = worker(tokenizer, GrammarCache(64 << 20, threads=1, size_of=lambda g: g.memory_bytes))
+    prompt = tokenizer.encode(OPENED_PROMPT, add_special_tokens=False)
+    state = core.admit(constraint_args([TOOL], tool_choice=choice), [], max_tokens=512, thinking_budget=64)
+    assert state is not None and state.budget is not None
+    core.open_from_prompt(state, prompt)
+    # vLLM's thinking budget counts the prompt's tokens after the tag too ("\n" here).
+    tag_at = len(
+        tokenizer.encode(OPENED_PROMPT[: OPENED_PROMPT.rindex("<think>") + 7], add_special_tokens=False)
+    )
+    assert state.budget.span_tokens == len(prompt) - tag_at
+    tokens = tokenizer.encode(INSIDE, add_special_tokens=False)
+    for step in range(len(tokens) + 1):
+        logits = torch.zeros((1, len(tokenizer)))
+        core.step(logits, [(0, state, tokens[step - 1 : step] if step else [])])
+        if step < len(tokens):
+            assert torch.isfinite(logits[0, tokens[step]]), f"step {step}: the turn's own token was masked"
+    assert state.failed is None

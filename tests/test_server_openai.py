@@ -168,7 +168,7 @@ def complete_calls(raw: str, d: Dialect) -> list[tuple[str, str]]:
         except ValueError:
             assert i == len(spans) - 1, raw
             continue
-        calls.append((name, json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))))
+        calls.append((name, json.dumps(arguments, ensure_ascii=False)))  # as vLLM's hermes parser spaces them
     return calls
 
 

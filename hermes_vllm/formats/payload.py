@@ -33,12 +33,6 @@ def dump_json(value: Any) -> str:
     return _escape_lone_surrogates(json.dumps(value, ensure_ascii=False, allow_nan=False))
 
 
-def compact_json(value: Any) -> str:
-    """Compact JSON (no spaces), as tool-call arguments are returned to OpenAI clients."""
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    return _escape_lone_surrogates(text)
-
-
 def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 

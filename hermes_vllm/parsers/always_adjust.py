@@ -8,6 +8,9 @@ which vLLM would drop: not a schema violation, but not the guarantee either. :fu
 wraps ``ParserManager.get_parser`` so that the parser class it composes around one of our tool
 parsers says ``always_adjust_request = True``; every other class is returned untouched. If the
 vLLM version lacks the method or the switch, nothing is patched and a warning says so.
+
+The same wrapper has a class composed around any of our parsers forward the prompt to them
+(:func:`hermes_vllm.parsers.prompt_state.attach`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from hermes_vllm.parsers import prompt_state
 from hermes_vllm.parsers.patching import vllm_attribute
 
 logger = logging.getLogger(__name__)
@@ -32,6 +36,10 @@ def _wrap(get_parser: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(get_parser)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         parser = get_parser(*args, **kwargs)
+        if parser is not None and (
+            prompt_state.is_ours(parser.reasoning_parser_cls) or prompt_state.is_ours(parser.tool_parser_cls)
+        ):
+            prompt_state.attach(parser)
         if parser is not None and getattr(parser.tool_parser_cls, MARK, False):
             if not hasattr(parser, "always_adjust_request"):
                 logger.warning(_SKIPPED, parser.__name__, "no always_adjust_request switch")

@@ -13,6 +13,14 @@ parsers engine-based):
 
 Both parsers release through the same :class:`~hermes_vllm.parsers.span_stream.SpanStream`
 rules, so streaming and non-streaming agree.
+
+Where the prompt leaves a reasoning span open (a generation prompt ending with ``<think>``, as in
+Qwen3-Thinking-2507, Qwen 3.5 and DeepSeek-R1 templates), the output starts inside it:
+``I should answer.\n</think>\n\nHello!`` is reasoning ``I should answer.\n`` and content
+``\n\nHello!``, as vLLM's qwen3 and deepseek_r1 parsers read it. vLLM shows the parser the
+prompt through :meth:`~DialectReasoningParser.adjust_initial_state_from_prompt` (streaming, its
+own hook) and ``set_prompt_token_ids`` (non-streaming, forwarded by
+:mod:`hermes_vllm.parsers.prompt_state`); until then the tokenizer's own template decides.
 """
 
 from __future__ import annotations
@@ -24,9 +32,16 @@ from vllm.entrypoints.generate.base.protocol import DeltaMessage
 from vllm.reasoning.abs_reasoning_parsers import ReasoningParser
 
 from hermes_vllm.dialect import DEFAULT_DIALECT, get_dialect
-from hermes_vllm.parsers.shared import delta_message, keep_special_tags, own_constraint
+from hermes_vllm.parsers.shared import (
+    delta_message,
+    keep_special_tags,
+    own_constraint,
+    prompt_opened,
+    template_opened,
+    turn_text,
+)
 from hermes_vllm.parsers.span_stream import SpanStream
-from hermes_vllm.spans import split_spans
+from hermes_vllm.spans import open_at_end, split_spans
 
 if TYPE_CHECKING:
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
@@ -43,7 +58,17 @@ class DialectReasoningParser(ReasoningParser):  # type: ignore[misc]
     def __init__(self, tokenizer: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(tokenizer, *args, **kwargs)
         self.dialect = get_dialect(self.dialect_name)
-        self._stream = SpanStream(self.dialect, "stop")
+        thinking = (kwargs.get("chat_template_kwargs") or {}).get("enable_thinking")
+        self._opened = template_opened(tokenizer, self.dialect.name, thinking)
+        self._prompt: list[int] | None = None
+        self._stream = SpanStream(self.dialect, "stop", opened=self._opened)
+
+    def adjust_initial_state_from_prompt(self, prompt_token_ids: Sequence[int]) -> None:
+        """Start inside the span the prompt leaves open, if any (vLLM's hook, called before the
+        first delta; :mod:`hermes_vllm.parsers.prompt_state` calls it for whole replies)."""
+        self._prompt = list(prompt_token_ids)
+        self._opened = prompt_opened(self.model_tokenizer, self.vocab, self._prompt, self.dialect)
+        self._stream = SpanStream(self.dialect, "stop", opened=self._opened)
 
     @property
     def reasoning_start_str(self) -> str | None:
@@ -63,31 +88,56 @@ class DialectReasoningParser(ReasoningParser):  # type: ignore[misc]
         """Whether the current turn closed a reasoning span and is not inside a free span.
 
         vLLM asks this of the prompt (a generation prompt that already closed the reasoning
-        skips the reasoning phase) and, for requests with structured outputs, of the output so
-        far (the output grammar starts after reasoning). The turn begins after the last turn
-        marker; it is decoded, so text tags and special-token tags read alike.
+        skips the reasoning phase) and, for requests with structured outputs, of the prompt and
+        the output so far (the output grammar starts after reasoning). The turn begins after the
+        last turn marker; it is decoded, so text tags and special-token tags read alike. Ids
+        that are not the prompt this parser was shown are the output alone: they start inside
+        the span that prompt left open.
         """
-        ids = list(input_ids)
-        marker = self.vocab.get(self.dialect.turn.begin)
-        if marker in ids:
-            ids = ids[len(ids) - ids[::-1].index(marker) :]
-        spans = split_spans(self.model_tokenizer.decode(ids), self.dialect)
+        text = turn_text(self.model_tokenizer, self.vocab, input_ids, self.dialect)
+        if self._prompt is not None and list(input_ids[: len(self._prompt)]) != self._prompt:
+            text = self._opener + text  # the output alone, after a prompt this parser was shown
+        spans = split_spans(text, self.dialect)
         return any(s.kind == "reasoning" for s in spans) and spans[-1].closed
 
+    @property
+    def _opener(self) -> str:
+        """The opening tag of the span the output starts inside, or ``""``."""
+        return self._opened.begin if self._opened is not None else ""
+
     def extract_content_ids(self, input_ids: list[int]) -> list[int]:
-        """All of them: reasoning ends at a call tag, and the tool parser reads from that delta on."""
-        return input_ids
+        """The ids after the token that closes the first reasoning span; ``[]`` before that.
+
+        As vLLM's thinking parsers give them (``[]`` also when the closing tag is the last
+        token). Read by token id where the closing tag is one token; a closing tag spelled in
+        several tokens (the bracket dialect) cannot be cut out by id: every id is content then.
+        """
+        if not self.dialect.reasoning:
+            return input_ids
+        tags = self.dialect.reasoning[0]
+        end = self.vocab.get(tags.end)
+        if end is None:
+            return input_ids
+        for i, token in enumerate(input_ids):
+            if token == end and i + 1 < len(input_ids):
+                inside = open_at_end(
+                    self._opener + str(self.model_tokenizer.decode(input_ids[:i])), self.dialect
+                )
+                if inside is not None and inside.tags == tags:
+                    return input_ids[i + 1 :]
+        return []
 
     def extract_reasoning(
         self, model_output: str, request: ChatCompletionRequest | ResponsesRequest
     ) -> tuple[str | None, str | None]:
         if own_constraint(request):
             # As a stream reads it: reasoning up to the first call tag, then the text as written.
-            cut = next((s.start for s in split_spans(model_output, self.dialect) if s.kind == "call"), None)
+            text = self._opener + model_output
+            cut = next((s.start for s in split_spans(text, self.dialect) if s.kind == "call"), None)
             if cut is not None:
-                before = SpanStream(self.dialect, "raw").read(model_output[:cut])
-                return before.reasoning or None, before.content + model_output[cut:] or None
-        released = SpanStream(self.dialect, "raw").read(model_output)
+                before = SpanStream(self.dialect, "raw").read(text[:cut])
+                return before.reasoning or None, before.content + text[cut:] or None
+        released = SpanStream(self.dialect, "raw", opened=self._opened).read(model_output)
         return released.reasoning or None, released.content or None
 
     def extract_reasoning_streaming(

@@ -19,6 +19,10 @@ What the reader releases, and when:
 
 Whitespace right before a call and at the very end of the output (the layout around blocks) is
 not content: trailing whitespace of the visible text is held until more visible text follows.
+
+A reader may start inside a span the prompt opened (``opened``: the generation prompt ended with
+``<think>``): the output is then read as if that opening tag preceded it, and the tag itself is
+never released.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from hermes_vllm.dialect import Dialect, TagPair
-from hermes_vllm.formats.payload import compact_json, parse_call_payload
+from hermes_vllm.formats.payload import dump_json, parse_call_payload
 from hermes_vllm.spans import Span, partial_tag_suffix, payload_end, split_spans
 
 logger = logging.getLogger(__name__)
@@ -41,7 +45,11 @@ content (for a later parser); ``stop``: stop at the first call tag and hand the 
 
 @dataclass(frozen=True)
 class ParsedCall:
-    """One complete, readable call; ``arguments`` is compact JSON."""
+    """One complete, readable call; ``arguments`` is JSON as ``json.dumps`` spaces it.
+
+    vLLM's own hermes parser returns ``json.dumps(arguments, ensure_ascii=False)`` (``{"a": 1}``):
+    the same text here, so a client switching parsers sees the same bytes.
+    """
 
     name: str
     arguments: str
@@ -74,11 +82,11 @@ def read_call(body: str) -> ParsedCall | None:
     """The call in a span body, or ``None`` (logged) when it is broken."""
     try:
         name, arguments = parse_call_payload(body)
-        compact = compact_json(arguments)
+        text = dump_json(arguments)
     except (ValueError, TypeError) as err:
         logger.warning("hermes-vllm: skipping an unreadable tool call: %s", err)
         return None
-    return ParsedCall(name, compact)
+    return ParsedCall(name, text)
 
 
 def _settled(body: str) -> bool:
@@ -94,13 +102,20 @@ def _settled(body: str) -> bool:
 class SpanStream:
     """Incremental reader of one model output in one dialect."""
 
-    def __init__(self, dialect: Dialect, calls: CallMode = "parse", free_spans_as_text: bool = False) -> None:
+    def __init__(
+        self,
+        dialect: Dialect,
+        calls: CallMode = "parse",
+        free_spans_as_text: bool = False,
+        opened: TagPair | None = None,
+    ) -> None:
         self.dialect = dialect
         self._calls = calls
         self._free_as_text = free_spans_as_text
         self._openers = tuple(p.begin for p in (dialect.tool_call, *dialect.free_spans))
-        self._text = ""
-        self._cur = _Cursor()
+        # The prompt's opening tag stands before the output, already released.
+        self._text = opened.begin if opened is not None else ""
+        self._cur = _Cursor(done=len(self._text), open_tags=opened)
         self._call_end_from: int | None = None
         """While a call waits: a new closing tag must start here before it can end (a cheap test)."""
         self._finished = False
@@ -178,11 +193,13 @@ class SpanStream:
             end = self.dialect.tool_call.end
             self._call_end_from = max(self._cur.pos, len(self._text) - len(end) + 1)
             return False
-        self._cur.held = ""
-        if self._calls == "raw":
-            out.content += rest[: span.end]
-        elif (call := read_call(span.body)) is not None:
-            out.calls.append(call)
+        if self._calls == "raw":  # the layout before the call is for the later parser to judge
+            out.content += self._cur.held + rest[: span.end]
+            self._cur.held = ""
+        else:
+            self._cur.held = ""
+            if (call := read_call(span.body)) is not None:
+                out.calls.append(call)
         self._cur.pos += span.end
         return True
 

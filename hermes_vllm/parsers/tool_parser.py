@@ -6,6 +6,11 @@ hands the tools to the hermes-vllm logits processor through ``vllm_xargs``. Read
 its index, id, name and complete arguments) once its closing tag has arrived, which is what
 makes the streamed calls equal the non-streaming ones for every cut of the text and keeps a
 call cut by ``max_tokens`` out of both.
+
+Without a reasoning parser, reasoning markup stays in the content, and a span the prompt left
+open is text the model is still writing: a call tag inside it is text, as the grammar has it,
+so the parser is shown the prompt too (:mod:`hermes_vllm.parsers.prompt_state`). With a
+reasoning parser the text reaches this one after it, reasoning already taken out.
 """
 
 from __future__ import annotations
@@ -26,11 +31,11 @@ from vllm.renderers.chat_utils import make_tool_call_id
 from vllm.tool_parsers.abstract_tool_parser import ToolParser
 
 from hermes_vllm.constraint import constraint_args
-from hermes_vllm.dialect import DEFAULT_DIALECT, get_dialect
+from hermes_vllm.dialect import DEFAULT_DIALECT, TagPair, get_dialect
 from hermes_vllm.grammar.budget import register_tokenizer
 from hermes_vllm.parsers import finish_reason
 from hermes_vllm.parsers.responses_api import responses_tool_choice, responses_tools
-from hermes_vllm.parsers.shared import delta_message, keep_special_tags, own_constraint
+from hermes_vllm.parsers.shared import delta_message, keep_special_tags, own_constraint, prompt_opened
 from hermes_vllm.parsers.span_stream import Released, SpanStream
 from hermes_vllm.processor import remote
 
@@ -62,6 +67,11 @@ class DialectToolParser(ToolParser):  # type: ignore[misc]
         self.dialect = get_dialect(self.dialect_name)
         self._stream: SpanStream | None = None
         self._calls_sent = 0
+        self._opened: TagPair | None = None
+
+    def adjust_initial_state_from_prompt(self, prompt_token_ids: Sequence[int]) -> None:
+        """Remember the span the prompt leaves open; read only where no reasoning parser runs."""
+        self._opened = prompt_opened(self.model_tokenizer, self.vocab, prompt_token_ids, self.dialect)
 
     def adjust_request(
         self, request: ChatCompletionRequest | ResponsesRequest
@@ -97,7 +107,10 @@ class DialectToolParser(ToolParser):  # type: ignore[misc]
         return request
 
     def _new_stream(self) -> SpanStream:
-        return SpanStream(self.dialect, "parse", free_spans_as_text=self.skip_reasoning_parsing)
+        alone = self.skip_reasoning_parsing
+        return SpanStream(
+            self.dialect, "parse", free_spans_as_text=alone, opened=self._opened if alone else None
+        )
 
     def extract_tool_calls(
         self, model_output: str, request: ChatCompletionRequest

@@ -58,7 +58,7 @@ from hermes_vllm.grammar.engines import get_engine_class
 from hermes_vllm.grammar.engines.base import EngineGrammar, allocate_bitmask
 from hermes_vllm.memo import memoize_small
 from hermes_vllm.settings import get_limits
-from hermes_vllm.spans import read_tail
+from hermes_vllm.spans import open_at_end, read_tail
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +119,10 @@ def completer_of(request: ConstraintRequest, engine: str) -> CallCompleter:
 def shortest_call_text(request: ConstraintRequest, engine: str) -> str | None:
     """The shortest whole call of a turn; ``None`` where its schemas defy construction."""
     return completer_of(request, engine).shortest_call()
+
+
+PROMPT_TAIL = 256
+"""Prompt tokens read for a span the generation prompt leaves open (it opens at the very end)."""
 
 
 @dataclass(slots=True)
@@ -221,16 +225,51 @@ class ConstraintCore:
             out |= self._holds_byte[byte]
         return out
 
-    def admit_params(self, params: Any) -> RowState | None:
+    def admit_params(self, params: Any, prompt: Sequence[int] | None = None) -> RowState | None:
         """:meth:`admit` for a ``SamplingParams``: its stop tokens, ``max_tokens``, stop strings and
-        ``thinking_token_budget``."""
-        return self.admit(
+        ``thinking_token_budget``; then :meth:`open_from_prompt` where the prompt is known."""
+        state = self.admit(
             params.extra_args,
             params.all_stop_token_ids,
             max_tokens=params.max_tokens,
             thinking_budget=getattr(params, "thinking_token_budget", None),
             stop=params.stop or (),
         )
+        if state is not None and prompt:
+            self.open_from_prompt(state, prompt)
+        return state
+
+    def open_from_prompt(self, state: RowState, prompt: Sequence[int]) -> None:
+        """Start a new row inside the span its prompt leaves open (a generation prompt ending with
+        ``<think>``, see :func:`~hermes_vllm.spans.open_at_end`), before its first output token.
+
+        The prompt's tokens from the one holding the opening tag are the row's first text: the
+        gate and the engine read the output after them (a call tag in the span is text), and the
+        span budget counts the prompt's tokens after the tag, as vLLM's thinking budget does.
+        Only the prompt's last :data:`PROMPT_TAIL` tokens are read.
+        """
+        latin1 = self.compiler.vocab.latin1
+        tail = list(prompt[-PROMPT_TAIL:])
+        pieces = [latin1[t] if 0 <= t < len(latin1) else "" for t in tail]
+        span = open_at_end("".join(pieces), state.dialect)
+        if span is None:
+            return
+        first, at = 0, 0
+        while at + len(pieces[first]) <= span.start:
+            at += len(pieces[first])
+            first += 1
+        if pieces[first][: span.start - at].strip():
+            # The tag shares a token with the text before it: no grammar state to start from.
+            logger.warning("hermes-vllm: the prompt's open span starts inside a token; starting in free text")
+            return
+        state.pending = tail[first:]  # replayed (gated) or fed first (engine-only) into the matcher
+        state.text = "".join(pieces[first:])
+        if state.budget is not None:
+            for piece in pieces[first:]:
+                state.budget.feed(piece)
+        if state.gated:
+            state.quiet = False
+            self._regate(state)
 
     def admit(
         self,
@@ -401,11 +440,12 @@ class ConstraintCore:
             return None
 
     def _feed_engine(self, state: RowState, tokens: Sequence[int]) -> None:
-        if state.matcher is None:
+        if state.matcher is None:  # an engine-only row's first step
             compiled = self._compiled(state)
             if compiled is None:
                 return
             state.matcher = compiled.matcher(state.stop_ids, gated=False)
+            tokens, state.pending = [*state.pending, *tokens], []  # the prompt's open span first
         for token in tokens:
             if not state.matcher.accept_token(token):
                 self._fail(state, f"sampled token {token} is outside the grammar")

@@ -47,10 +47,10 @@ class V1ToolCallLogitsProcessor(V1LogitsProcessor):  # type: ignore[misc]
         return False
 
     def _new_row(
-        self, params: SamplingParams, _prompt: list[int] | None, output: list[int]
+        self, params: SamplingParams, prompt: list[int] | None, output: list[int]
     ) -> tuple[RowState, list[int]] | None:
         assert self.core is not None
-        state = self.core.admit_params(params)
+        state = self.core.admit_params(params, prompt)
         return None if state is None else (state, output)
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:

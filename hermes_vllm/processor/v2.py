@@ -20,7 +20,7 @@ from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsProcessor
 
 from hermes_vllm.constraint import check_special_tags
 from hermes_vllm.processor.config import core_for_config, engine_name
-from hermes_vllm.processor.core import RowState, validate_request
+from hermes_vllm.processor.core import PROMPT_TAIL, RowState, validate_request
 from hermes_vllm.processor.handshake import announced_special_tags, status
 
 if TYPE_CHECKING:
@@ -106,8 +106,12 @@ class ToolCallLogitsProcessor(V2LogitsProcessor):  # type: ignore[misc]
         prompt_len = self.req_states.prompt_len.np
         tokens = self.req_states.all_token_ids.gpu
         for slot in self._resumed:
-            # Resumed after preemption: replay the outputs it already had (rare; a blocking read).
+            # A new row starts inside a span its prompt left open (one small blocking read a
+            # request); resumed after preemption, it replays the outputs it already had (rare).
             start, end = int(prompt_len[slot]), int(self.req_states.prefill_len.np[slot])
+            self.core.open_from_prompt(
+                self.slots[slot], tokens[slot, max(0, start - PROMPT_TAIL) : start].tolist()
+            )
             if end > start:
                 self.core.advance(self.slots[slot], tokens[slot, start:end].tolist())
         self._resumed.clear()
