@@ -293,7 +293,7 @@ def test_v1_adapter_starts_a_row_inside_the_span_its_prompt_opened(
 
 @pytest.mark.parametrize("choice", ["auto", "required"])
 def test_v2_adapter_starts_a_row_inside_the_span_its_prompt_opened(
-    v2: tuple[ToolCallLogitsProcessor, FakeRunner, int], tokenizer: Any, choice: str
+    v2: tuple[ToolCallLogitsProcessor, V2Runner, int], tokenizer: Any, choice: str
 ) -> None:
     """The prompt ends with ``<think>``: a call tag before ``</think>`` is reasoning text, not a call."""
     proc, runner, width = v2
