@@ -110,8 +110,21 @@ def test_drafts_are_accepted_and_greedy_text_is_the_text_without_drafts(runs: di
 
 
 @pytest.mark.engine
+def test_one_params_object_serves_several_prompts(runs: dict[str, Any]) -> None:
+    """vLLM rewrites the marker of a params object sent again (choice -> grammar): still ours."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=40, extra_args=constraint_args([TOOL], "required"))
+    outputs = runs["llm"].generate([PROMPT] * 3, params, use_tqdm=False)
+    for output in outputs:
+        found = calls(output.outputs[0].text.replace(" [closed by max_tokens]", ""))
+        assert found and all(c["name"] == "get_weather" for c in found), output.outputs[0].text
+
+
+@pytest.mark.engine
 def test_a_constrained_request_cannot_also_ask_for_structured_outputs(runs: dict[str, Any]) -> None:
     from vllm import SamplingParams
+    from vllm.exceptions import VLLMValidationError
     from vllm.sampling_params import StructuredOutputsParams
 
     params = SamplingParams(
@@ -119,7 +132,7 @@ def test_a_constrained_request_cannot_also_ask_for_structured_outputs(runs: dict
         extra_args=constraint_args([TOOL], "required"),
         structured_outputs=StructuredOutputsParams(json={"type": "object"}),
     )
-    with pytest.raises(ValueError, match="cannot also ask for structured outputs"):
+    with pytest.raises(VLLMValidationError, match="cannot also ask for structured outputs"):
         runs["llm"].generate([PROMPT], [params], use_tqdm=False)
 
 

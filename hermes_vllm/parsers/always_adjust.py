@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from hermes_vllm.parsers.patching import vllm_attribute
+from hermes_vllm.processor.patching import vllm_attribute
 
 logger = logging.getLogger(__name__)
 

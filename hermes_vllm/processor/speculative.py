@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from hermes_vllm.constraint import has_constraint
-from hermes_vllm.parsers.patching import vllm_attribute
+from hermes_vllm.processor.patching import vllm_attribute
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
@@ -62,7 +62,7 @@ def route(params: SamplingParams) -> None:
     current = params.structured_outputs
     if current is None:
         params.structured_outputs = StructuredOutputsParams(choice=[MARKER])
-    elif current.choice != [MARKER]:
+    elif not _is_marker(current):
         raise ValueError(
             "under speculative decoding a hermes-vllm tool-call constraint is served as vLLM's "
             "structured output, so the request cannot also ask for structured outputs "
@@ -70,10 +70,17 @@ def route(params: SamplingParams) -> None:
         )
 
 
+def _is_marker(outputs: Any) -> bool:
+    """The marker, also as vLLM rewrites it when a params object is sent again (its xgrammar
+    check turns a ``choice`` into the equivalent ``grammar``)."""
+    grammar = outputs.grammar
+    return bool(outputs.choice == [MARKER] or (isinstance(grammar, str) and MARKER in grammar))
+
+
 def is_marked(params: SamplingParams | None) -> bool:
     """Whether the request was routed by :func:`route` and carries our constraint."""
     outputs = params.structured_outputs if params is not None else None
-    return outputs is not None and outputs.choice == [MARKER] and has_constraint(params.extra_args)  # type: ignore[union-attr]
+    return outputs is not None and _is_marker(outputs) and has_constraint(params.extra_args)  # type: ignore[union-attr]
 
 
 def missing() -> str | None:
