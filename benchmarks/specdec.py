@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hermes_vllm.testing.drafts import COPYABLE_PROMPT, NGRAM
 from hermes_vllm.testing.tiny_model import DIALECT_OF, TOKENIZER_NAMES
 
 TOOL = {
@@ -30,11 +31,6 @@ TOOL = {
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
     },
 }
-CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-PROMPT = (
-    "<|im_start|>system\nYou call tools. Examples: " + " ".join([CALL] * 4) + "<|im_end|>\n"
-    "<|im_start|>user\nPlease help.<|im_end|>\n<|im_start|>assistant\n"
-)
 
 
 def _counters(llm: Any) -> dict[str, float]:
@@ -60,12 +56,7 @@ def measure(tokenizer_name: str, requests: int, max_tokens: int, passes: int, dr
     for method in ("accept_tokens", "validate_tokens", "rollback", "fill_bitmask"):
         timers.wrap(HostedGrammar, method, "hermes_vllm")
         timers.wrap(XgrammarGrammar, method, "vllm_structural_tag")
-    spec = {
-        "method": "ngram",
-        "num_speculative_tokens": drafts,
-        "prompt_lookup_max": 4,
-        "prompt_lookup_min": 2,
-    }
+    spec = {**NGRAM, "num_speculative_tokens": drafts}
     llm = offline_llm(tiny_model_path(tokenizer_name), speculative_config=spec, disable_log_stats=False)  # type: ignore[arg-type]
     chat = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], tools=[TOOL])
     tag = get_model_structural_tag(
@@ -97,7 +88,7 @@ def measure(tokenizer_name: str, requests: int, max_tokens: int, passes: int, dr
             before = _counters(llm)
             timers.take()
             start = time.perf_counter()
-            outputs = llm.generate([PROMPT] * requests, kinds[name](), use_tqdm=False)
+            outputs = llm.generate([COPYABLE_PROMPT] * requests, kinds[name](), use_tqdm=False)
             wall = time.perf_counter() - start
             spent = timers.take()
             after = _counters(llm)

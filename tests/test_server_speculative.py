@@ -23,16 +23,10 @@ from hermes_vllm import constraint_args
 from hermes_vllm.spans import split_spans
 from hermes_vllm.testing import budget_scenarios, tiny_model_path
 from hermes_vllm.testing.budget_scenarios import WEATHER, Case, ask
+from hermes_vllm.testing.drafts import COPYABLE_PROMPT, NGRAM
 from hermes_vllm.testing.server import CPU_ARGS, CPU_ENV, openai_server
 
 pytestmark = pytest.mark.server
-
-CALL = '<tool_call>{"arguments": {"city": "Paris"}, "name": "get_weather"}</tool_call>'
-PROMPT = (
-    "<|im_start|>system\nYou call tools. Examples: " + " ".join([CALL] * 4) + "<|im_end|>\n"
-    "<|im_start|>user\nPlease help.<|im_end|>\n<|im_start|>assistant\n"
-)
-NGRAM = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}'
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +34,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str,
     from transformers import AutoTokenizer
 
     model = tiny_model_path("mistral-v1")
-    args = [*CPU_ARGS, "--enable-auto-tool-choice", "--seed", "0", "--speculative-config", NGRAM]
+    args = [*CPU_ARGS, "--enable-auto-tool-choice", "--seed", "0", "--speculative-config", json.dumps(NGRAM)]
     args += ["--tool-call-parser", "hermes_vllm", "--reasoning-parser", "hermes_vllm"]
     log = tmp_path_factory.mktemp("speculative") / "server.log"
     with openai_server(model, args, CPU_ENV, log_path=log) as url:
@@ -88,7 +82,7 @@ def test_drafts_copied_from_the_prompt_are_accepted(server: tuple[str, str, Any,
     client = OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=300)
     reply = client.completions.create(
         model=model,
-        prompt=PROMPT,
+        prompt=COPYABLE_PROMPT,
         max_tokens=60,
         temperature=0.0,
         extra_body={"vllm_xargs": constraint_args([WEATHER], "required"), "skip_special_tokens": False},

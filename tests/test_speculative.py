@@ -22,16 +22,11 @@ from hermes_vllm import constraint_args
 from hermes_vllm.processor import handshake, speculative
 from hermes_vllm.processor.core import ConstraintCore
 from hermes_vllm.spans import split_spans
+from hermes_vllm.testing.budget_scenarios import WEATHER as TOOL
+from hermes_vllm.testing.drafts import COPYABLE_PROMPT as PROMPT
+from hermes_vllm.testing.drafts import NGRAM
 
-NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
-CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
-TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": CITY}}
-CALL = '<tool_call>{"arguments": {"city": "Paris"}, "name": "get_weather"}</tool_call>'
-# The ngram proposer copies from the prompt: the examples make it propose whole calls.
-PROMPT = (
-    "<|im_start|>system\nYou call tools. Examples: " + " ".join([CALL] * 4) + "<|im_end|>\n"
-    "<|im_start|>user\nPlease help.<|im_end|>\n<|im_start|>assistant\n"
-)
+CITY = TOOL["function"]["parameters"]
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 TURN = '<think>hmm</think>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call> Bye.'
 
@@ -163,7 +158,7 @@ def test_drafts_rolled_back_leave_the_row_as_if_only_the_kept_tokens_came(
     """vLLM's draft protocol against a row fed without drafts: validate, fill and accept each
     draft, fill the bonus row, roll back, accept the kept tokens. Every mask the drafted row gives
     at a kept position equals the plain row's there, budgets (forcing a close at max_tokens=24 under ``required``)
-    included; drafts are cut where the plain row's mask refuses them."""
+    included; a draft the grammar refuses is cut, and the plain row's mask refuses it too."""
     from vllm import SamplingParams
 
     from hermes_vllm.processor.hosted import RowHost, _allows
@@ -188,11 +183,11 @@ def test_drafts_rolled_back_leave_the_row_as_if_only_the_kept_tokens_came(
             drafts[rng.randrange(len(drafts))] = rng.randrange(width)  # a wrong draft
         valid = drafted.validate_tokens(list(drafts))
         assert valid == drafts[: len(valid)]
-        for j, token in enumerate(drafts[len(valid) :]):
+        if len(valid) < len(drafts):
             cut += 1
-            if drafts[: len(valid) + j] == tokens[i : i + len(valid) + j]:  # the plain row's mask there
-                assert not _allows(masks[i + len(valid) + j], token) or i + len(valid) + j >= steps
-            break
+            position = i + len(valid)
+            if drafts[: len(valid)] == tokens[i:position]:  # the plain row's mask there refuses it
+                assert not _allows(masks[position], drafts[len(valid)])
         for j, token in enumerate(valid):
             drafted.fill_bitmask(bitmask, j)
             assert drafted.accept_tokens("drafted", [token])

@@ -139,15 +139,18 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         return True
 
     def validate_tokens(self, tokens: list[int]) -> list[int]:
+        """The drafts' longest prefix the grammar accepts (on a copy of the path, then restored).
+
+        Like vLLM's own backends, this asks the matcher only, not the mask: a draft the budget or
+        a refused stop string rules out is grammar-valid, and its own position's mask rejects it
+        at verification (the mask a fill would compute here costs as much as the draft's row).
+        """
         host = self._host
         with host.lock:
             start = self._snapshot()
             valid = 0
             for token in tokens:
-                words = host.fill(self._state)
-                if self._terminated or (words is not None and not _allows(words, token)):
-                    break
-                if not self._accept(token):
+                if self._terminated or not self._accept(token):
                     break
                 valid += 1
             self._restore(start)
