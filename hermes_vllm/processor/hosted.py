@@ -150,11 +150,23 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
             start = self._snapshot()
             valid = 0
             for token in tokens:
-                if self._terminated or not self._accept(token):
+                if self._terminated or not self._matcher_allows(token) or not self._accept(token):
                     break
                 valid += 1
             self._restore(start)
         return tokens[:valid]
+
+    def _matcher_allows(self, token: int) -> bool:
+        """Ask a running matcher first, so that a refused draft is not reported as a row the core
+        had to end (it would log one, and the path is restored anyway). A paused row's matcher
+        lags behind its span on purpose; the core never feeds it the span's content."""
+        matcher = self._state.matcher
+        if matcher is None or self._state.paused is not None or self._state.failed is not None:
+            return True
+        if not matcher.accept_token(token):
+            return False
+        matcher.rollback(1)
+        return True
 
     def rollback(self, num_tokens: int) -> None:
         if num_tokens <= 0:
