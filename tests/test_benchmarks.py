@@ -126,7 +126,7 @@ def test_gpu_specdec_runs_on_the_cpu(tmp_path: Path) -> None:
 
 @pytest.mark.engine
 def test_specdec_runs(tmp_path: Path) -> None:
-    run("specdec.py", "--requests", "2", "--max-tokens", "16", "--passes", "1", out=tmp_path)
+    run("specdec.py", "--requests", "2", "--max-tokens", "32", "--passes", "1", out=tmp_path)
     report = json.loads((tmp_path / "specdec-mistral-v1.json").read_text())
     assert set(report["tokens_per_s"]) == {"hermes_vllm", "vllm_structural_tag", "unconstrained"}
     assert (tmp_path / "specdec-mistral-v1.png").stat().st_size > 0
