@@ -49,11 +49,23 @@ class _Snapshot:
     terminated: bool
 
 
+_ROW_FIELDS = RowState.__slots__
+
+
 def _copy_row(state: RowState) -> RowState:
-    row = copy.copy(state)
+    """A copy of ``state`` to restore later; field by field (``copy.copy`` of a slots dataclass
+    costs ~20 us through ``__reduce_ex__``, a copy is taken before every accepted token)."""
+    row: RowState = object.__new__(RowState)
+    for name in _ROW_FIELDS:
+        setattr(row, name, getattr(state, name))
     row.pending = list(state.pending)
-    if state.budget is not None:
-        row.budget = copy.copy(state.budget)
+    budget = state.budget
+    if budget is not None and hasattr(budget, "__dict__"):
+        copied = object.__new__(type(budget))
+        copied.__dict__.update(budget.__dict__)
+        row.budget = copied
+    elif budget is not None:
+        row.budget = copy.copy(budget)
     return row
 
 
