@@ -259,30 +259,6 @@ def first_token(tokenizer_name: str, samples: int) -> dict[str, Any]:
     return result
 
 
-class _Timers:
-    """Seconds spent in named functions, by wrapping them for the run (a measurement, not a
-    stand-in: the wrapped function runs unchanged)."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-
-    def wrap(self, owner: Any, attribute: str, name: str) -> None:
-        inner = getattr(owner, attribute)
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
-
-        setattr(owner, attribute, timed)
-
-    def take(self) -> dict[str, float]:
-        out, self.seconds = self.seconds, {}
-        return out
-
-
 def required_offline(tokenizer_name: str, requests: int, max_tokens: int, passes: int) -> dict[str, Any]:
     """Offline, ``tool_choice="required"``: output tokens/s of ours against vLLM's structural tag
     (what ``--tool-call-parser hermes --tool-strict-level parameter`` sends), alternating passes.
@@ -309,8 +285,9 @@ def required_offline(tokenizer_name: str, requests: int, max_tokens: int, passes
     from hermes_vllm.processor.v1 import V1ToolCallLogitsProcessor
     from hermes_vllm.testing import tiny_model_path
     from hermes_vllm.testing.engine import offline_llm
+    from hermes_vllm.testing.timers import Timers
 
-    timers = _Timers()
+    timers = Timers()
     timers.wrap(TopKTopPSampler, "forward_cpu", "sampler")
     timers.wrap(V1ToolCallLogitsProcessor, "apply", "hermes_vllm")
     timers.wrap(StructuredOutputManager, "grammar_bitmask", "vllm_structural_tag")

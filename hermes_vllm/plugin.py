@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from hermes_vllm.parsers import register_parsers
-from hermes_vllm.processor import handshake
+from hermes_vllm.processor import handshake, speculative
 
 
 def register() -> None:
-    """Idempotent: prepare the processor handshake and register the tool and reasoning parsers.
+    """Idempotent: prepare the processor handshake, register the tool and reasoning parsers, and
+    wrap vLLM's structured outputs for speculative decoding.
 
-    See :mod:`hermes_vllm.processor.handshake` and :mod:`hermes_vllm.parsers`.
+    See :mod:`hermes_vllm.processor.handshake`, :mod:`hermes_vllm.parsers` and
+    :mod:`hermes_vllm.processor.speculative`.
     """
     handshake.ensure_dir()
     register_parsers()
+    speculative.install()

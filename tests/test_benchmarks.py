@@ -111,3 +111,34 @@ def test_memory_runs(tmp_path: Path) -> None:
     run("memory.py", "--mode", "tools", "--long", "--phases", "2", "--per-phase", "4", out=tmp_path)
     report = json.loads((tmp_path / "memory-tools-long.json").read_text())
     assert len(report["rss_mb"]) == 3 and report["per_phase"] == 4
+
+
+def test_gpu_specdec_runs_on_the_cpu(tmp_path: Path) -> None:
+    run(
+        "gpu_specdec.py",
+        *(
+            "--batch",
+            "4",
+            "--vocab",
+            "4096",
+            "--drafts",
+            "2",
+            "--repeat",
+            "2",
+            "--steps",
+            "1",
+            "--device",
+            "cpu",
+        ),
+        out=tmp_path,
+    )
+    result = json.loads((tmp_path / "gpu_specdec-cpu.json").read_text())
+    assert result["floor_rw_logits_us"] > 0 and result["apply_us"] > 0 and result["host_fill_row_us"] > 0
+
+
+@pytest.mark.engine
+def test_specdec_runs(tmp_path: Path) -> None:
+    run("specdec.py", "--requests", "2", "--max-tokens", "32", "--passes", "1", out=tmp_path)
+    report = json.loads((tmp_path / "specdec-mistral-v1.json").read_text())
+    assert set(report["tokens_per_s"]) == {"hermes_vllm", "vllm_structural_tag", "unconstrained"}
+    assert (tmp_path / "specdec-mistral-v1.png").stat().st_size > 0

@@ -86,6 +86,9 @@ import json
 from hermes_vllm import constraint_args
 from hermes_vllm.testing.engine import offline_llm
 from vllm import SamplingParams
+from vllm.v1.structured_output import StructuredOutputManager
+# A vLLM without the method the speculative path wraps (requests without a grammar never call it).
+del StructuredOutputManager._create_grammar
 llm = offline_llm({model!r}, speculative_config={{"method": "ngram", "num_speculative_tokens": 2,
                                                  "prompt_lookup_max": 3, "prompt_lookup_min": 2}})
 plain = llm.generate(["hello"], SamplingParams(max_tokens=4), use_tqdm=False)[0].outputs[0].text
@@ -99,10 +102,13 @@ except Exception as err:
 
 @pytest.mark.engine
 def test_a_runner_without_our_processor_refuses_constrained_requests(tiny_model: Path) -> None:
-    """V1 with speculative decoding skips entry-point processors: constrained requests must fail."""
+    """V1 with speculative decoding skips entry-point processors; where vLLM also lacks what the
+    speculative path wraps (:mod:`hermes_vllm.processor.speculative`), constrained requests fail
+    and say what is missing."""
     result = run_fresh(SPECULATIVE.format(model=str(tiny_model), tools=[TOOL]))
     assert result["plain"], "requests without constraints must still be served"
     assert result["error"] and "no hermes-vllm logits processor is active" in result["error"]
+    assert "has no vllm.v1.structured_output.StructuredOutputManager._create_grammar" in result["error"]
 
 
 V2_SPECULATIVE = """

@@ -123,8 +123,17 @@ class ToolCallMatcher:
         self._gate = gate
         self._view: tuple[torch.Tensor, np.ndarray] | None = None
         """The last bitmask filled and its numpy view: ``Tensor.numpy()`` costs microseconds."""
+        self.accepted = 0
+        """Tokens accepted, net of rollbacks: a snapshot of a row records it, and restoring the
+        snapshot rolls the matcher back by the difference (engines cannot copy a matcher)."""
 
     def accept_token(self, token_id: int) -> bool:
+        if self._accept(token_id):
+            self.accepted += 1
+            return True
+        return False
+
+    def _accept(self, token_id: int) -> bool:
         gate = self._gate
         if gate is None:
             return self._inner.accept_token(token_id)
@@ -155,6 +164,7 @@ class ToolCallMatcher:
         return self._inner.fill_bitmask(bitmask, row)
 
     def rollback(self, num_tokens: int = 1) -> None:
+        self.accepted -= num_tokens
         gate = self._gate
         if gate is None:
             self._inner.rollback(num_tokens)

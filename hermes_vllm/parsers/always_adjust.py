@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hermes_vllm.parsers import prompt_state
-from hermes_vllm.parsers.patching import vllm_attribute
+from hermes_vllm.processor.patching import vllm_attribute
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from hermes_vllm.constraint import has_constraint
-from hermes_vllm.parsers.patching import vllm_attribute
+from hermes_vllm.processor.patching import vllm_attribute
 
 logger = logging.getLogger(__name__)
 

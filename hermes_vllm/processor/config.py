@@ -45,24 +45,35 @@ def core_for_config(
     reason = refusal
     if vllm_config.speculative_config is not None:
         reason = (
-            "speculative decoding is enabled, and hermes-vllm cannot constrain draft tokens; "
-            "serve tool calls without --speculative-config"
+            "speculative decoding is enabled: this processor would see unverified draft tokens, so "
+            "constrained requests go through vLLM's structured outputs (hermes_vllm.processor.speculative)"
         )
     remote.expose()
     if reason is not None:
         handshake.announce(runner, reason)
         logger.warning("hermes-vllm: %s", reason)
         return None
-    model_config = vllm_config.model_config
+    core = new_core(vllm_config, device.type == "cuda")
+    announce_active(vllm_config, runner)
+    logger.info("hermes-vllm tool-call constraints active (%s runner, %s engine)", runner, core.engine)
+    return core
+
+
+def new_core(vllm_config: VllmConfig, pin_memory: bool) -> ConstraintCore:
+    """A core on the served model's tokenizer and vocabulary, with the server's grammar engine."""
     core = ConstraintCore(
         partial(_load_tokenizer, vllm_config),
-        model_config.get_vocab_size(),
+        vllm_config.model_config.get_vocab_size(),
         engine_name(),
-        device.type == "cuda",
+        pin_memory,
     )
     register_tokenizer(LazyTokenizer(core))  # offline, the frontend check runs in this process
+    return core
+
+
+def announce_active(vllm_config: VllmConfig, runner: str) -> None:
+    """Tell the frontend that ``runner`` constrains requests, and which dialect tags the served
+    tokenizer has as special tokens."""
     tokenizer = _load_tokenizer(vllm_config)  # vLLM caches it: the core's later load is free
     tags = special_tags(tokenizer, *available_dialects()) if tokenizer is not None else frozenset()
     handshake.announce(runner, special_tags=tags)
-    logger.info("hermes-vllm tool-call constraints active (%s runner, %s engine)", runner, core.engine)
-    return core

@@ -51,25 +51,37 @@ def _notes() -> list[dict[str, Any]]:
     return notes
 
 
-_tags_seen: tuple[tuple[str, int], frozenset[str]] | None = None
+_seen: tuple[tuple[str, int], frozenset[str], frozenset[str]] | None = None
+"""(directory key, special tags, runners) of the active notes."""
 
 
-def announced_special_tags() -> frozenset[str]:
-    """The dialect tags the active processors' tokenizer has as special tokens.
+def _active() -> tuple[frozenset[str], frozenset[str]]:
+    """(special tags, runners) of the processors that announced themselves without an error.
 
     Read on every constrained request, so it is cached until a processor announces itself again
     (one ``stat`` per call): an engine built later in the same process replaces the earlier note.
     """
-    global _tags_seen
+    global _seen
     path = os.environ.get(ENV)
     try:
         key = (path or "", os.stat(path).st_mtime_ns if path else 0)
     except OSError:
         key = (path or "", 0)
-    if _tags_seen is None or _tags_seen[0] != key:
-        tags = frozenset(t for n in _notes() if not n.get("error") for t in n.get("special_tags", ()))
-        _tags_seen = (key, tags)
-    return _tags_seen[1]
+    if _seen is None or _seen[0] != key:
+        active = [n for n in _notes() if not n.get("error")]
+        tags = frozenset(t for n in active for t in n.get("special_tags", ()))
+        _seen = (key, tags, frozenset(str(n.get("runner")) for n in active))
+    return _seen[1], _seen[2]
+
+
+def announced_special_tags() -> frozenset[str]:
+    """The dialect tags the active processors' tokenizer has as special tokens."""
+    return _active()[0]
+
+
+def runner_active(runner: str) -> bool:
+    """Whether ``runner`` announced itself without an error (e.g. ``"speculative"``)."""
+    return runner in _active()[1]
 
 
 def status() -> tuple[bool, str]:

@@ -19,9 +19,10 @@ import torch
 from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsProcessor as V2LogitsProcessor
 
 from hermes_vllm.constraint import check_special_tags
+from hermes_vllm.processor import speculative
 from hermes_vllm.processor.config import core_for_config, engine_name
 from hermes_vllm.processor.core import PROMPT_TAIL, RowState, validate_request
-from hermes_vllm.processor.handshake import announced_special_tags, status
+from hermes_vllm.processor.handshake import announced_special_tags, runner_active, status
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -29,13 +30,17 @@ if TYPE_CHECKING:
     from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsContext, LogitsProcRequestState
 
 # Tokens copied back per slot each step; a step commits at most one token per request without
-# speculative decoding (which this processor refuses), the rest is headroom.
+# speculative decoding (served by vLLM's structured outputs instead), the rest is headroom.
 _WINDOW = 4
 _active_seen = False
 
 
 def validate_constraint(params: SamplingParams) -> None:
-    """Frontend admission check shared by both runners: ``ValueError`` becomes HTTP 400."""
+    """Frontend admission check shared by both runners: ``ValueError`` becomes HTTP 400.
+
+    Under speculative decoding the request is handed to vLLM's structured outputs
+    (:mod:`hermes_vllm.processor.speculative`).
+    """
     global _active_seen
     request = validate_request(params.extra_args, engine_name(), params.max_tokens)
     if request is None:
@@ -43,9 +48,14 @@ def validate_constraint(params: SamplingParams) -> None:
     if not _active_seen:
         active, detail = status()
         if not active:
+            lacking = speculative.missing()
+            if lacking is not None:
+                detail += f"; under speculative decoding: {lacking}"
             raise ValueError(f"hermes-vllm cannot constrain this request's tool calls: {detail}")
         _active_seen = True
     check_special_tags(request, params.skip_special_tokens, announced_special_tags())
+    if runner_active(speculative.RUNNER):
+        speculative.route(params)
 
 
 def _is_v1_construction(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:

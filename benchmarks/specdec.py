@@ -1,0 +1,165 @@
+"""Tool calls with ngram speculative decoding: output tokens/s and draft acceptance, ours against
+vLLM's own structured outputs with the same drafts and the same tool, in the same engine.
+
+Offline, ``tool_choice="required"``, greedy (acceptance is then a property of the constraint and
+the proposer, not of sampling noise), on the tiny random model, with a prompt the ngram proposer
+can copy calls from. Passes alternate which kind runs first; each pass reports tokens/s and the
+share of drafted tokens the target accepted (from vLLM's own spec-decode counters), and the time
+each constraint spends in its machinery per output token (ours: the hosted row's methods; vLLM's:
+its xgrammar grammar's; both inside ``StructuredOutputManager``). ``unconstrained`` runs the same
+requests with drafts and no constraint. ``python benchmarks/specdec.py`` writes
+``results/specdec-<tokenizer>.json`` and ``.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hermes_vllm.testing.drafts import COPYABLE_PROMPT, NGRAM
+from hermes_vllm.testing.tiny_model import DIALECT_OF, TOKENIZER_NAMES
+
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+def _counters(llm: Any) -> dict[str, float]:
+    wanted = ("vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens")
+    return {m.name: float(m.value) for m in llm.get_metrics() if m.name in wanted}
+
+
+def measure(tokenizer_name: str, requests: int, max_tokens: int, passes: int, drafts: int) -> dict[str, Any]:
+    from vllm import SamplingParams
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.sampling_params import StructuredOutputsParams
+    from vllm.tool_parsers.structural_tag_registry import get_model_structural_tag
+    from vllm.tool_parsers.tool_strict_level import ToolStrictLevel
+    from vllm.v1.structured_output.backend_xgrammar import XgrammarGrammar
+
+    from hermes_vllm import sampling_options
+    from hermes_vllm.processor.hosted import HostedGrammar
+    from hermes_vllm.testing import tiny_model_path
+    from hermes_vllm.testing.engine import offline_llm
+    from hermes_vllm.testing.timers import Timers
+
+    timers = Timers()
+    for method in ("accept_tokens", "validate_tokens", "rollback", "fill_bitmask"):
+        timers.wrap(HostedGrammar, method, "hermes_vllm")
+        timers.wrap(XgrammarGrammar, method, "vllm_structural_tag")
+    spec = {**NGRAM, "num_speculative_tokens": drafts}
+    llm = offline_llm(tiny_model_path(tokenizer_name), speculative_config=spec, disable_log_stats=False)  # type: ignore[arg-type]
+    chat = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], tools=[TOOL])
+    tag = get_model_structural_tag(
+        "hermes", chat.tools, "required", False, strict_level=ToolStrictLevel.PARAMETER
+    )
+    assert tag is not None
+    options = sampling_options(
+        llm.get_tokenizer(), [TOOL], "required", dialect=DIALECT_OF.get(tokenizer_name, "hermes")
+    )
+    common: dict[str, Any] = {
+        "temperature": 0.0,
+        "max_tokens": max_tokens,
+        "skip_special_tokens": options.pop("skip_special_tokens", True),
+    }
+    structural = json.dumps(tag.model_dump())
+    kinds: dict[str, Callable[[], Any]] = {  # fresh params per pass: the frontend marks ours
+        "hermes_vllm": lambda: SamplingParams(**common, **options),
+        "vllm_structural_tag": lambda: SamplingParams(
+            **common, structured_outputs=StructuredOutputsParams(structural_tag=structural)
+        ),
+        "unconstrained": lambda: SamplingParams(**common),
+    }
+    rates: dict[str, list[float]] = {k: [] for k in kinds}
+    acceptance: dict[str, list[float]] = {k: [] for k in kinds}
+    constraint_us: dict[str, list[float]] = {k: [] for k in kinds}
+    names = list(kinds)
+    for n in range(passes + 1):
+        for name in names[n % 3 :] + names[: n % 3]:
+            before = _counters(llm)
+            timers.take()
+            start = time.perf_counter()
+            outputs = llm.generate([COPYABLE_PROMPT] * requests, kinds[name](), use_tqdm=False)
+            wall = time.perf_counter() - start
+            spent = timers.take()
+            after = _counters(llm)
+            tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+            drafted = after.get("vllm:spec_decode_num_draft_tokens", 0.0) - before.get(
+                "vllm:spec_decode_num_draft_tokens", 0.0
+            )
+            accepted = after.get("vllm:spec_decode_num_accepted_tokens", 0.0) - before.get(
+                "vllm:spec_decode_num_accepted_tokens", 0.0
+            )
+            if n:  # the first pass warms up (compiles, caches)
+                rates[name].append(round(tokens / wall, 1))
+                acceptance[name].append(round(accepted / drafted, 3) if drafted else 0.0)
+                constraint_us[name].append(round(1e6 * spent.get(name, 0.0) / tokens, 1))
+    ratios = [a / b for a, b in zip(rates["hermes_vllm"], rates["vllm_structural_tag"], strict=True)]
+    return {
+        "tokenizer": tokenizer_name,
+        "requests": requests,
+        "max_tokens": max_tokens,
+        "num_speculative_tokens": drafts,
+        "tokens_per_s": rates,
+        "tokens_per_s_median": {k: round(statistics.median(v), 1) for k, v in rates.items()},
+        "acceptance_rate": acceptance,
+        "acceptance_rate_median": {k: round(statistics.median(v), 3) for k, v in acceptance.items()},
+        "constraint_us_per_token_median": {
+            k: round(statistics.median(v), 1) for k, v in constraint_us.items()
+        },
+        "ratio_per_pass": [round(r, 3) for r in ratios],
+        "ratio_median": round(statistics.median(ratios), 3),
+    }
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = list(report["tokens_per_s_median"])
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
+    left.bar(kinds, [report["tokens_per_s_median"][k] for k in kinds])
+    left.set_ylabel("output tokens/s (median)")
+    right.bar(kinds, [report["acceptance_rate_median"][k] for k in kinds])
+    right.set_ylabel("draft acceptance rate (median)")
+    for ax in (left, right):
+        ax.tick_params(axis="x", labelrotation=15)
+        ax.grid(alpha=0.3, axis="y")
+    fig.suptitle(
+        f"ngram drafts ({report['num_speculative_tokens']}), required, greedy, {report['tokenizer']}, "
+        f"{report['requests']} requests"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokenizer", default="mistral-v1", choices=TOKENIZER_NAMES)
+    parser.add_argument("--requests", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--passes", type=int, default=4)
+    parser.add_argument("--drafts", type=int, default=3, help="num_speculative_tokens")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    args = parser.parse_args()
+    report = measure(args.tokenizer, args.requests, args.max_tokens, args.passes, args.drafts)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = f"specdec-{args.tokenizer}"
+    (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    plot(report, args.out / f"{stem}.png")
+    print(json.dumps(report), flush=True)
+
+
+if __name__ == "__main__":
+    main()

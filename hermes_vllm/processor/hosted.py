@@ -1,0 +1,214 @@
+"""One constrained row hosted as a vLLM ``StructuredOutputGrammar``, for speculative decoding.
+
+Under speculative decoding vLLM's scheduler, not the model runner, keeps drafts inside a
+request's grammar: it cuts each request's drafts to their longest valid prefix
+(``validate_tokens``), fills one bitmask row per draft position plus the bonus row by accepting
+the drafts one by one, rolls the grammar back, and after verification accepts the tokens the
+model kept. Hosting our row (gate, matcher, budgets: :class:`~hermes_vllm.processor.core.RowState`,
+advanced and masked by :class:`~hermes_vllm.processor.core.ConstraintCore`'s own methods) behind
+that interface puts every draft position under the constraint sampled tokens get, on either
+runner, with our engines, our cache and our budgets.
+
+*Rollback.* Engines cannot copy a matcher, but they can roll one back; the rest of a row is
+small. Before each accepted token the row is copied (its containers one level deep, its budget
+shallowly: a budget rebinds its fields, never mutates them in place) together with its matcher's
+count of accepted tokens; restoring the copy rolls the matcher back by the difference. Only the
+last ``num_speculative_tokens + 1`` copies are kept.
+
+*Exactness.* Without drafts every token is preceded by a mask fill at its position, and a fill
+moves the budget (it may begin forcing a text, or count a closed call). The scheduler rolls the
+filled draft path back and then accepts the kept tokens in one call, so :meth:`accept_tokens`
+fills the row again before each token after the first (the first token's fill is the state the
+rollback restored): a row goes through exactly what it goes through without drafts, hence the
+same masks and, under greedy sampling, the same text.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.v1.structured_output.backend_types import StructuredOutputGrammar
+
+from hermes_vllm.grammar import GrammarCompileError
+from hermes_vllm.processor.core import ConstraintCore, RowState
+
+if TYPE_CHECKING:
+    from vllm import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    row: RowState
+    accepted: int
+    """The row's matcher's accepted tokens when the copy was taken."""
+    terminated: bool
+
+
+_ROW_FIELDS = RowState.__slots__
+
+
+def _copy_row(state: RowState) -> RowState:
+    """A copy of ``state`` to restore later; field by field (``copy.copy`` of a slots dataclass
+    costs ~20 us through ``__reduce_ex__``, a copy is taken before every accepted token)."""
+    row: RowState = object.__new__(RowState)
+    for name in _ROW_FIELDS:
+        setattr(row, name, getattr(state, name))
+    row.pending = list(state.pending)
+    budget = state.budget
+    if budget is not None and hasattr(budget, "__dict__"):
+        copied = object.__new__(type(budget))
+        copied.__dict__.update(budget.__dict__)
+        row.budget = copied
+    elif budget is not None:
+        row.budget = copy.copy(budget)
+    return row
+
+
+class RowHost:
+    """The engine process's core, shared by every hosted row.
+
+    vLLM admits rows on its compile threads while the scheduler thread fills masks, so one lock
+    guards the core (its bitmask row 0 is the scratch row of every fill).
+    """
+
+    def __init__(self, core: ConstraintCore, window: int) -> None:
+        self.core = core
+        self.window = window
+        self.lock = threading.Lock()
+
+    def grammar(self, params: SamplingParams) -> HostedGrammar:
+        """Admit a request and wait for its compile, as vLLM's backends do on their compile thread
+        (the request waits in ``WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR``, the scheduler never does)."""
+        with self.lock:
+            state = self.core.admit_params(params)
+        if state is None:
+            raise ValueError("the request carries no hermes-vllm constraint")
+        try:
+            self.core.compiler.result(state.prepared, state.future)
+        except GrammarCompileError as err:
+            raise ValueError(f"hermes-vllm cannot compile this request's tools: {err}") from None
+        return HostedGrammar(self, state)
+
+    def fill(self, state: RowState) -> torch.Tensor | None:
+        """Fill the scratch row for ``state``; ``None`` where every token is allowed."""
+        core = self.core
+        masked, _ = core.fill([(0, state)], core.vocab_size)
+        return core.bitmask[0] if masked else None
+
+    def advance(self, state: RowState, token: int) -> bool:
+        """Feed one token; False when it put the row out of its grammar."""
+        failed = state.failed
+        self.core.advance(state, (token,))
+        return failed is not None or state.failed is None
+
+
+class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
+    """A :class:`RowState` behind vLLM's per-request grammar interface."""
+
+    def __init__(self, host: RowHost, state: RowState) -> None:
+        self._host = host
+        self._state = state
+        self._terminated = False
+        self._trail: deque[_Snapshot] = deque(maxlen=host.window)
+        self._initial = self._snapshot()
+
+    @property
+    def state(self) -> RowState:
+        return self._state
+
+    def _snapshot(self) -> _Snapshot:
+        state = self._state
+        accepted = state.matcher.accepted if state.matcher is not None else 0
+        return _Snapshot(_copy_row(state), accepted, self._terminated)
+
+    def _restore(self, snapshot: _Snapshot) -> None:
+        row = _copy_row(snapshot.row)
+        matcher = row.matcher
+        if matcher is not None and matcher.accepted > snapshot.accepted:
+            matcher.rollback(matcher.accepted - snapshot.accepted)
+        self._state = row
+        self._terminated = snapshot.terminated
+
+    def _accept(self, token: int) -> bool:
+        ok = self._host.advance(self._state, token)
+        self._terminated = ok and token in self._state.stop_ids
+        return ok
+
+    def accept_tokens(self, request_id: str, tokens: list[int]) -> bool:
+        host = self._host
+        with host.lock:
+            for i, token in enumerate(tokens):
+                if i:
+                    host.fill(self._state)  # the fill this position gets without drafts
+                self._trail.append(self._snapshot())
+                if not self._accept(token):
+                    return False
+        return True
+
+    def validate_tokens(self, tokens: list[int]) -> list[int]:
+        """The drafts' longest prefix the grammar accepts (on a copy of the path, then restored).
+
+        Like vLLM's own backends, this asks the matcher only, not the mask: a draft the budget or
+        a refused stop string rules out is grammar-valid, and its own position's mask rejects it
+        at verification (the mask a fill would compute here costs as much as the draft's row).
+        """
+        host = self._host
+        with host.lock:
+            start = self._snapshot()
+            valid = 0
+            for token in tokens:
+                if self._terminated or not self._matcher_allows(token) or not self._accept(token):
+                    break
+                valid += 1
+            self._restore(start)
+        return tokens[:valid]
+
+    def _matcher_allows(self, token: int) -> bool:
+        """Ask a running matcher first, so that a refused draft is not reported as a row the core
+        had to end (it would log one, and the path is restored anyway). A paused row's matcher
+        lags behind its span on purpose; the core never feeds it the span's content."""
+        matcher = self._state.matcher
+        if matcher is None or self._state.paused is not None or self._state.failed is not None:
+            return True
+        if not matcher.accept_token(token):
+            return False
+        matcher.rollback(1)
+        return True
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens <= 0:
+            return
+        with self._host.lock:
+            if num_tokens > len(self._trail):
+                raise ValueError(
+                    f"hermes-vllm keeps {len(self._trail)} tokens of rollback, asked for {num_tokens}"
+                )
+            for _ in range(num_tokens - 1):
+                self._trail.pop()
+            self._restore(self._trail.pop())
+
+    def fill_bitmask(self, bitmask: torch.Tensor, batch_index: int) -> None:
+        with self._host.lock:
+            words = self._host.fill(self._state)
+            if words is None:
+                bitmask[batch_index].fill_(-1)
+            else:
+                bitmask[batch_index].copy_(words)
+
+    def is_terminated(self) -> bool:
+        return self._terminated
+
+    def reset(self) -> None:
+        with self._host.lock:
+            self._trail.clear()
+            self._restore(self._initial)
+
+
+def _allows(words: torch.Tensor, token: int) -> bool:
+    row: Any = words.numpy()
+    return 0 <= token < row.size * 32 and bool(int(row[token >> 5]) >> (token & 31) & 1)

@@ -1,0 +1,170 @@
+"""Constrained tool calls under speculative decoding, through vLLM's own structured outputs.
+
+With a speculative config the V1 runner builds no entry-point logits processor, and Model Runner
+V2 runs one on every draft row with the unverified drafts as input and no word of which were
+accepted. vLLM's structured outputs, on the other hand, constrain drafts on both runners, in the
+scheduler: drafts are cut to their grammar-valid prefix, one mask row is filled per draft position
+plus the bonus row, and the grammar is rolled back to what was accepted. So a constrained request
+is made a structured-output request whose grammar is our row
+(:class:`~hermes_vllm.processor.hosted.HostedGrammar`):
+
+- the frontend (``validate_params``, once the engine announced itself as ``"speculative"``) gives
+  the request the marker ``structured_outputs`` :data:`MARKER`;
+- in the engine process, three methods of ``StructuredOutputManager`` are wrapped
+  (:func:`install`, from the general plugin): ``__init__`` announces the engine when a
+  speculative config is set; ``grammar_init`` gives a marked request vLLM's configured backend
+  (vLLM keeps one backend per engine, and it still allocates the bitmask) and tells it the
+  request's reasoning is ours to read (our turn grammar covers reasoning spans and their budget,
+  so vLLM's reasoning gate must not hold the grammar back until ``</think>``);
+  ``_create_grammar`` builds our grammar for a marked request.
+
+vLLM offers no hook for this; each target is looked up by name, and where one is missing nothing
+is patched and constrained requests are refused under speculative decoding, naming what this vLLM
+lacks. Requests without our constraint never reach our code.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from hermes_vllm.constraint import has_constraint
+from hermes_vllm.processor.patching import vllm_attribute
+
+if TYPE_CHECKING:
+    from vllm import SamplingParams
+
+    from hermes_vllm.processor.hosted import RowHost
+
+logger = logging.getLogger(__name__)
+
+RUNNER = "speculative"
+"""The handshake name of an engine that constrains through its structured outputs."""
+MARKER = "hermes-vllm tool-call constraint"
+"""The one choice of the marker ``structured_outputs``; never compiled by a vLLM backend."""
+
+_MODULE = "vllm.v1.structured_output"
+_OWNER = "StructuredOutputManager"
+_PATCHED = "__hermes_vllm_speculative__"
+_HOST = "_hermes_vllm_host"
+_SKIPPED = "hermes-vllm: %s: %s; constrained requests are refused under speculative decoding"
+_lock = threading.Lock()
+_missing: str | None = None
+
+
+def route(params: SamplingParams) -> None:
+    """Frontend: make a constrained request a structured-output request our grammar serves."""
+    from vllm.sampling_params import StructuredOutputsParams
+
+    current = params.structured_outputs
+    if current is None:
+        params.structured_outputs = StructuredOutputsParams(choice=[MARKER])
+    elif not _is_marker(current):
+        raise ValueError(
+            "under speculative decoding a hermes-vllm tool-call constraint is served as vLLM's "
+            "structured output, so the request cannot also ask for structured outputs "
+            "(response_format, structured_outputs); drop one of the two"
+        )
+
+
+def _is_marker(outputs: Any) -> bool:
+    """The marker, also as vLLM rewrites it when a params object is sent again (its xgrammar
+    check turns a ``choice`` into the equivalent ``grammar``)."""
+    grammar = outputs.grammar
+    return bool(outputs.choice == [MARKER] or (isinstance(grammar, str) and MARKER in grammar))
+
+
+def is_marked(params: SamplingParams | None) -> bool:
+    """Whether the request was routed by :func:`route` and carries our constraint."""
+    outputs = params.structured_outputs if params is not None else None
+    return outputs is not None and _is_marker(outputs) and has_constraint(params.extra_args)  # type: ignore[union-attr]
+
+
+def missing() -> str | None:
+    """What this vLLM lacks for :func:`install`, named with its version; ``None`` when installed."""
+    return _missing
+
+
+def _host(manager: Any) -> RowHost:
+    from hermes_vllm.processor.config import new_core
+    from hermes_vllm.processor.hosted import RowHost
+
+    with _lock:
+        host: RowHost | None = getattr(manager, _HOST, None)
+        if host is None:
+            config = manager.vllm_config
+            host = RowHost(new_core(config, pin_memory=False), config.num_speculative_tokens + 1)
+            setattr(manager, _HOST, host)
+        return host
+
+
+def _served_backend(vllm_config: Any) -> str:
+    backend = str(vllm_config.structured_outputs_config.backend)
+    return "xgrammar" if backend == "auto" else backend
+
+
+def _wrap_init(method: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(method)
+    def __init__(self: Any, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
+        method(self, vllm_config, *args, **kwargs)
+        if vllm_config.speculative_config is not None and not vllm_config.model_config.skip_tokenizer_init:
+            from hermes_vllm.processor.config import announce_active
+
+            announce_active(vllm_config, RUNNER)
+            logger.info("hermes-vllm tool-call constraints active (speculative decoding, structured outputs)")
+
+    return __init__
+
+
+def _wrap_grammar_init(method: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(method)
+    def grammar_init(self: Any, request: Any) -> None:
+        if request.structured_output_request is not None and is_marked(request.sampling_params):
+            outputs = request.sampling_params.structured_outputs
+            if outputs._backend is None:
+                outputs._backend = _served_backend(self.vllm_config)
+            request.structured_output_request.reasoning_ended = True
+        method(self, request)
+
+    return grammar_init
+
+
+def _wrap_create(method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def _create_grammar(self: Any, request: Any) -> Any:
+        if not is_marked(request.sampling_params):
+            return method(self, request)
+        return _host(self).grammar(request.sampling_params)
+
+    return _create_grammar
+
+
+_WRAPPERS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
+    "__init__": _wrap_init,
+    "grammar_init": _wrap_grammar_init,
+    "_create_grammar": _wrap_create,
+}
+
+
+def install() -> bool:
+    """Wrap the manager's methods once per process (idempotent); False where a target is missing."""
+    global _missing
+    found = {}
+    for name in _WRAPPERS:
+        target = vllm_attribute(_MODULE, _OWNER, name, _SKIPPED)
+        if target is None:
+            import vllm
+
+            _missing = f"vLLM {vllm.__version__} has no {_MODULE}.{_OWNER}.{name}"
+            return False
+        found[name] = target
+    for name, (cls, method) in found.items():
+        if not getattr(method, _PATCHED, False):
+            wrapped = _WRAPPERS[name](method)
+            setattr(wrapped, _PATCHED, True)
+            setattr(cls, name, wrapped)
+    _missing = None
+    return True

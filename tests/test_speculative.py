@@ -1,0 +1,207 @@
+"""Constrained tool calls under speculative decoding (ngram drafts on the V1 CPU runner).
+
+The row is hosted as vLLM's structured-output grammar (:mod:`hermes_vllm.processor.hosted`), so
+vLLM's scheduler validates, masks and rolls back the drafts. No request here carries a logit bias
+(vLLM refuses one with drafts): the budgets alone must deliver the calls.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import torch
+
+from hermes_vllm import constraint_args
+from hermes_vllm.processor import handshake, speculative
+from hermes_vllm.processor.core import ConstraintCore
+from hermes_vllm.spans import split_spans
+from hermes_vllm.testing.budget_scenarios import WEATHER as TOOL
+from hermes_vllm.testing.drafts import COPYABLE_PROMPT as PROMPT
+from hermes_vllm.testing.drafts import NGRAM
+
+CITY = TOOL["function"]["parameters"]
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+TURN = '<think>hmm</think>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call> Bye.'
+
+
+def requests() -> list[dict[str, Any]]:
+    """``auto``, ``required`` and named turns, each with a tight and a roomy ``max_tokens``, plus a
+    reasoning budget and a stop string."""
+    out: list[dict[str, Any]] = []
+    for choice in ("auto", "required", NAMED):
+        for max_tokens in (30, 120):
+            out.append({"extra_args": constraint_args([TOOL], choice), "max_tokens": max_tokens})
+    budgeted = constraint_args([TOOL], "required", reasoning_budget=4)
+    out.append({"extra_args": budgeted, "max_tokens": 80})
+    out.append({"extra_args": constraint_args([TOOL], "required"), "max_tokens": 80, "stop": ["Paris"]})
+    return out
+
+
+def generate(llm: Any) -> list[tuple[str, list[int]]]:
+    from vllm import SamplingParams
+
+    params = [SamplingParams(temperature=0.0, skip_special_tokens=False, **r) for r in requests()]
+    outputs = llm.generate([PROMPT] * len(params), params, use_tqdm=False)
+    return [(o.outputs[0].text, list(o.outputs[0].token_ids)) for o in outputs]
+
+
+def counter(llm: Any, name: str) -> int:
+    return sum(int(getattr(m, "value", 0)) for m in llm.get_metrics() if m.name == name)
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model: Path) -> dict[str, Any]:
+    """The same greedy requests without drafts, then with ngram drafts (engines built one after
+    the other: the frontend routes constrained requests by the engines announced in this process)."""
+    from hermes_vllm.testing.engine import offline_llm
+
+    plain = offline_llm(tiny_model)
+    reference = generate(plain)
+    del plain
+    gc.collect()
+    llm = offline_llm(tiny_model, speculative_config=NGRAM, disable_log_stats=False)
+    try:
+        drafted = generate(llm)
+        accepted = counter(llm, "vllm:spec_decode_num_accepted_tokens")
+        drafts = counter(llm, "vllm:spec_decode_num_draft_tokens")
+        yield {"reference": reference, "drafted": drafted, "accepted": accepted, "drafts": drafts, "llm": llm}
+    finally:
+        (handshake.ensure_dir() / f"{speculative.RUNNER}-{os.getpid()}.json").unlink(missing_ok=True)
+
+
+def calls(text: str) -> list[dict[str, Any]]:
+    out = []
+    for span in split_spans(text, "hermes"):
+        if span.kind == "call":
+            assert span.closed, f"unfinished call in {text!r}"
+            out.append(json.loads(span.body))
+    return out
+
+
+@pytest.mark.engine
+def test_drafted_calls_are_valid_and_required_turns_get_theirs(runs: dict[str, Any]) -> None:
+    for request, (text, _) in zip(requests(), runs["drafted"], strict=True):
+        found = calls(text.replace(" [closed by max_tokens]", ""))
+        for call in found:
+            assert call["name"] == "get_weather"
+            jsonschema.validate(call["arguments"], CITY)
+        if json.loads(request["extra_args"]["hermes_vllm"])["tool_choice"] != "auto":
+            assert found, f"no call under {request}: {text!r}"
+        if request.get("stop"):
+            assert all("Paris" not in c["arguments"]["city"] for c in found)
+
+
+@pytest.mark.engine
+def test_drafts_are_accepted_and_greedy_text_is_the_text_without_drafts(runs: dict[str, Any]) -> None:
+    assert runs["drafts"] > 0 and runs["accepted"] > 0, runs
+    assert [t for t, _ in runs["drafted"]] == [t for t, _ in runs["reference"]]
+
+
+@pytest.mark.engine
+def test_one_params_object_serves_several_prompts(runs: dict[str, Any]) -> None:
+    """vLLM rewrites the marker of a params object sent again (choice -> grammar): still ours."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=40, extra_args=constraint_args([TOOL], "required"))
+    outputs = runs["llm"].generate([PROMPT] * 3, params, use_tqdm=False)
+    for output in outputs:
+        found = calls(output.outputs[0].text.replace(" [closed by max_tokens]", ""))
+        assert found and all(c["name"] == "get_weather" for c in found), output.outputs[0].text
+
+
+@pytest.mark.engine
+def test_a_constrained_request_cannot_also_ask_for_structured_outputs(runs: dict[str, Any]) -> None:
+    from vllm import SamplingParams
+    from vllm.exceptions import VLLMValidationError
+    from vllm.sampling_params import StructuredOutputsParams
+
+    params = SamplingParams(
+        max_tokens=40,
+        extra_args=constraint_args([TOOL], "required"),
+        structured_outputs=StructuredOutputsParams(json={"type": "object"}),
+    )
+    with pytest.raises(VLLMValidationError, match="cannot also ask for structured outputs"):
+        runs["llm"].generate([PROMPT], [params], use_tqdm=False)
+
+
+def scripted(grammar: Any, script: list[int], width: int, steps: int) -> tuple[list[int], list[torch.Tensor]]:
+    """Greedy-like run without drafts: each step takes the script's token where the mask allows
+    it, else the lowest allowed token; the mask before each token, and one after the last."""
+    from hermes_vllm.processor.hosted import _allows
+
+    tokens: list[int] = []
+    masks: list[torch.Tensor] = []
+    bitmask = torch.zeros((1, (width + 31) // 32), dtype=torch.int32)
+    for step in range(steps + 1):
+        grammar.fill_bitmask(bitmask, 0)
+        masks.append(bitmask[0].clone())
+        if step == steps:
+            break
+        want = script[step % len(script)]
+        token = want if _allows(bitmask[0], want) else next(t for t in range(width) if _allows(bitmask[0], t))
+        assert grammar.accept_tokens("plain", [token])
+        tokens.append(token)
+    return tokens, masks
+
+
+@pytest.mark.parametrize(("choice", "max_tokens"), [("auto", 60), ("required", 24)])
+def test_drafts_rolled_back_leave_the_row_as_if_only_the_kept_tokens_came(
+    tokenizer: Any, choice: str, max_tokens: int
+) -> None:
+    """vLLM's draft protocol against a row fed without drafts: validate, fill and accept each
+    draft, fill the bonus row, roll back, accept the kept tokens. Every mask the drafted row gives
+    at a kept position equals the plain row's there, budgets (forcing a close at max_tokens=24 under ``required``)
+    included; a draft the grammar refuses is cut, and the plain row's mask refuses it too."""
+    from vllm import SamplingParams
+
+    from hermes_vllm.processor.hosted import RowHost, _allows
+
+    width = len(tokenizer)
+    host = RowHost(ConstraintCore(lambda: tokenizer, width, engine="auto"), window=4)
+    args = constraint_args([TOOL], choice)
+
+    def grammar() -> Any:
+        return host.grammar(SamplingParams(max_tokens=max_tokens, extra_args=args))
+
+    script = tokenizer.encode(TURN, add_special_tokens=False)
+    steps = max_tokens - 1
+    tokens, masks = scripted(grammar(), script, width, steps)
+    drafted = grammar()
+    rng = random.Random(0)
+    bitmask = torch.zeros((5, (width + 31) // 32), dtype=torch.int32)
+    i = cut = 0
+    while i < steps:
+        drafts = tokens[i : i + rng.randint(0, 3)]
+        if drafts and rng.random() < 0.5:
+            drafts[rng.randrange(len(drafts))] = rng.randrange(width)  # a wrong draft
+        valid = drafted.validate_tokens(list(drafts))
+        assert valid == drafts[: len(valid)]
+        if len(valid) < len(drafts):
+            cut += 1
+            position = i + len(valid)
+            if drafts[: len(valid)] == tokens[i:position]:  # the plain row's mask there refuses it
+                assert not _allows(masks[position], drafts[len(valid)])
+        for j, token in enumerate(valid):
+            drafted.fill_bitmask(bitmask, j)
+            assert drafted.accept_tokens("drafted", [token])
+        drafted.fill_bitmask(bitmask, len(valid))
+        drafted.rollback(len(valid))
+        kept = 0
+        while kept < len(valid) and i + kept < steps and valid[kept] == tokens[i + kept]:
+            assert torch.equal(bitmask[kept], masks[i + kept]), f"mask at {i + kept}"
+            kept += 1
+        if i + kept < steps:
+            assert torch.equal(bitmask[kept], masks[i + kept]), f"bonus mask at {i + kept}"
+        commit = tokens[i : min(i + kept + 1, steps)]
+        assert drafted.accept_tokens("drafted", commit)
+        i += len(commit)
+    drafted.fill_bitmask(bitmask, 0)
+    assert torch.equal(bitmask[0], masks[steps])
+    assert cut > 0
