@@ -384,3 +384,94 @@ def test_a_call_cut_inside_a_split_character_is_closed_with_a_valid_one(tokenize
         logits = torch.zeros((1, len(tokenizer)))
         core.step(logits, [(0, state, [] if token is None else [token])])
     assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == [continuation]
+
+
+def test_the_turns_spans_share_one_reasoning_budget(tokenizer: Any) -> None:
+    """``thinking_token_budget`` caps the turn's reasoning, not each span's: a second span gets
+    what the first left, and once it is spent no span opens again, under auto (a gated row) and
+    under required (an engine row)."""
+    core = core_for(tokenizer)
+    latin1 = core.compiler.vocab.latin1
+    think = tokenizer.convert_tokens_to_ids("<think>")
+    state = core.admit(constraint_args([TOOL]), [], max_tokens=400, thinking_budget=3)
+    assert state is not None
+    assert think in run(core, state, tokenizer, "Hi <think> a b</think> ok")  # one token left
+    assert [latin1[t] for t in run(core, state, tokenizer, "<think> c")] == ["</think>"]
+    allowed = run(core, state, tokenizer, "</think> and then")
+    assert think not in allowed and len(allowed) > 1000
+    state = core.admit(constraint_args([TOOL], "required"), [], max_tokens=400, thinking_budget=2)
+    assert state is not None
+    assert think not in run(core, state, tokenizer, "<think> a b</think>")
+    fresh = core.admit(constraint_args([TOOL], "required"), [], max_tokens=400)
+    assert think in run(core, fresh, tokenizer, "<think> a b</think>")
+
+
+def test_the_frontend_refuses_exactly_below_the_engines_reserve_mark_included(tokenizer: Any) -> None:
+    """One count of the reserve: the smallest ``max_tokens`` the frontend admits is the engine's
+    reserve, which holds the shortest call and the mark of a call the budget closes."""
+    from hermes_vllm.grammar.budget import register_tokenizer
+    from hermes_vllm.processor.core import shortest_call_text, validate_request
+
+    register_tokenizer(tokenizer)
+    args = constraint_args([TOOL], "required")
+    state = core_for(tokenizer).admit(args, [], max_tokens=500)
+    assert state is not None and state.budget is not None
+    reserve = state.budget.reserve
+    shortest = shortest_call_text(state.request, "auto")
+    assert shortest is not None
+    spelled = len(tokenizer.encode(shortest + MARK, add_special_tokens=False))
+    assert reserve >= spelled + 4  # the margin's default
+    with pytest.raises(ValueError, match=f"max_tokens={reserve - 1} .* {reserve} tokens"):
+        validate_request(args, "auto", reserve - 1)
+    assert validate_request(args, "auto", reserve) is not None
+    # Under the drop policy no mark is written, and none is reserved.
+    dropping = {**args, "hermes_vllm_cut_policy": "drop"}
+    state = core_for(tokenizer).admit(dropping, [], max_tokens=500)
+    assert state is not None and state.budget is not None and state.budget.reserve < reserve
+
+
+def test_a_resumed_row_forces_the_rest_of_its_closing_text(tokenizer: Any) -> None:
+    """After preemption a row is admitted afresh and its whole output replayed at once: what the
+    budget was forcing there (the rest of the call's completion and its mark) is forced again."""
+    core = core_for(tokenizer)
+    latin1 = core.compiler.vocab.latin1
+    args = constraint_args([TOOL], "required")
+    text = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris and then some more'
+    written = tokenizer.encode(text, add_special_tokens=False)
+    budget = len(written) + 15  # the completion and its mark are forced from here on
+    state = core.admit(args, [], max_tokens=budget)
+    assert state is not None
+    logits = torch.zeros((1, len(tokenizer)))
+    for token in [None, *written]:
+        logits = torch.zeros((1, len(tokenizer)))
+        core.step(logits, [(0, state, [] if token is None else [token])])
+    # Follow the forced text into the mark, then resume from there.
+    while MARK[:4] not in "".join(latin1[t] for t in written):
+        (token,) = torch.isfinite(logits[0]).nonzero().flatten().tolist()
+        written.append(token)
+        logits = torch.zeros((1, len(tokenizer)))
+        core.step(logits, [(0, state, [token])])
+    expected = torch.isfinite(logits[0]).nonzero().flatten().tolist()
+    assert len(expected) == 1
+    resumed = core.admit(args, [], max_tokens=budget)
+    assert resumed is not None
+    logits = torch.zeros((1, len(tokenizer)))
+    core.step(logits, [(0, resumed, written)])
+    assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == expected
+
+
+def test_usage_counts_the_tokens_inside_reasoning_and_hidden_spans(vllm_tokenizer: Any) -> None:
+    """``count_reasoning_tokens`` (vLLM's ``usage.completion_tokens_details.reasoning_tokens``):
+    every span's tokens, tags excluded, whether the tags are special tokens or plain text."""
+    from hermes_vllm.parsers.dialects import BracketsReasoningParser, HermesReasoningParser
+
+    def ids(*parts: str) -> list[int]:
+        return [t for p in parts for t in vllm_tokenizer.encode(p, add_special_tokens=False)]
+
+    inner = ids(" one two three")
+    tokens = [*ids("Hi <think>"), *inner, *ids("</think> ok <think>"), *inner]
+    assert HermesReasoningParser(vllm_tokenizer).count_reasoning_tokens(tokens) == 2 * len(inner)
+    # Tags in several tokens: a tag's first token may carry the space before it (inside the span).
+    tokens = ids("[step]", " a b", "[/step] c [scratchpad]", " d", "[/scratchpad] e")
+    least = len(ids(" a b")) + len(ids(" d"))
+    assert least <= BracketsReasoningParser(vllm_tokenizer).count_reasoning_tokens(tokens) <= least + 2

@@ -17,13 +17,16 @@ rules, so streaming and non-streaming agree.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from vllm.entrypoints.generate.base.protocol import DeltaMessage
 from vllm.reasoning.abs_reasoning_parsers import ReasoningParser
 
 from hermes_vllm.dialect import DEFAULT_DIALECT, get_dialect
+from hermes_vllm.grammar.budget import served_vocabulary
 from hermes_vllm.parsers.shared import delta_message, keep_special_tags, own_constraint
 from hermes_vllm.parsers.span_stream import SpanStream
 from hermes_vllm.spans import split_spans
@@ -73,6 +76,25 @@ class DialectReasoningParser(ReasoningParser):  # type: ignore[misc]
             ids = ids[len(ids) - ids[::-1].index(marker) :]
         spans = split_spans(self.model_tokenizer.decode(ids), self.dialect)
         return any(s.kind == "reasoning" for s in spans) and spans[-1].closed
+
+    def count_reasoning_tokens(self, token_ids: Sequence[int]) -> int:
+        """The output's tokens inside reasoning and hidden spans, tags excluded: what vLLM reports
+        as ``usage.completion_tokens_details.reasoning_tokens`` (chat and Responses).
+
+        Read from the tokens' bytes, so tags spelled in several tokens count like special ones.
+        """
+        pieces = served_vocabulary(self.model_tokenizer).vocab.latin1
+        text = [pieces[t] if 0 <= t < len(pieces) else "" for t in token_ids]
+        starts = list(accumulate((len(p) for p in text), initial=0))
+        count = 0
+        for span in split_spans("".join(text), self.dialect):
+            if span.kind in ("reasoning", "hidden"):
+                assert span.tags is not None
+                body = span.start + len(span.tags.begin)
+                count += bisect_left(starts, body + len(span.body), hi=len(token_ids)) - bisect_left(
+                    starts, body, hi=len(token_ids)
+                )
+        return count
 
     def extract_content_ids(self, input_ids: list[int]) -> list[int]:
         """All of them: reasoning ends at a call tag, and the tool parser reads from that delta on."""

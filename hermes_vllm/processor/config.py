@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 from hermes_vllm.constraint import special_tags
 from hermes_vllm.dialect import available_dialects
-from hermes_vllm.grammar.budget import register_tokenizer
+from hermes_vllm.grammar.budget import register_speller
 from hermes_vllm.processor import handshake, remote
-from hermes_vllm.processor.core import ConstraintCore, LazyTokenizer
+from hermes_vllm.processor.core import ConstraintCore
 
 if TYPE_CHECKING:
     import torch
@@ -60,7 +60,7 @@ def core_for_config(
         engine_name(),
         device.type == "cuda",
     )
-    register_tokenizer(LazyTokenizer(core))  # offline, the frontend check runs in this process
+    register_speller(lambda: core.speller)  # offline, the frontend check runs in this process
     tokenizer = _load_tokenizer(vllm_config)  # vLLM caches it: the core's later load is free
     tags = special_tags(tokenizer, *available_dialects()) if tokenizer is not None else frozenset()
     handshake.announce(runner, special_tags=tags)
