@@ -475,3 +475,41 @@ def test_usage_counts_the_tokens_inside_reasoning_and_hidden_spans(vllm_tokenize
     tokens = ids("[step]", " a b", "[/step] c [scratchpad]", " d", "[/scratchpad] e")
     least = len(ids(" a b")) + len(ids(" d"))
     assert least <= BracketsReasoningParser(vllm_tokenizer).count_reasoning_tokens(tokens) <= least + 2
+
+
+@pytest.mark.engine
+def test_budget_closed_calls_keep_their_whole_mark_through_preemption(
+    tiny_model: Path, tokenizer: Any
+) -> None:
+    """A KV cache of 32 blocks for 48 requests: vLLM preempts rows and resumes them (its counter
+    says how often); a resumed row the budget was closing still writes the whole completion and
+    its mark. ``max_tokens`` just above the reserve, so most of each reply is forced."""
+    from vllm import SamplingParams
+
+    from hermes_vllm.testing.budget_scenarios import reserve
+    from hermes_vllm.testing.engine import offline_llm
+
+    llm = offline_llm(
+        tiny_model, kv_cache_memory_bytes=1 << 20, block_size=16, max_model_len=256, max_num_seqs=64,
+        disable_log_stats=False,
+    )  # fmt: skip
+    args = constraint_args([TOOL], "required")
+    max_tokens = reserve(tokenizer, [TOOL], "required") + 6
+    prompt = "<|im_start|>user\nPlease help.<|im_end|>\n<|im_start|>assistant\n"
+    params = [
+        SamplingParams(
+            temperature=1.0, max_tokens=max_tokens, extra_args=args, skip_special_tokens=False, seed=i
+        )
+        for i in range(48)
+    ]
+    outputs = llm.generate([prompt] * len(params), params, use_tqdm=False)
+    preempted = sum(getattr(m, "value", 0) for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
+    assert preempted > 0, "nothing was preempted: the test proves nothing"
+    closed = 0
+    for output in outputs:
+        text = output.outputs[0].text
+        assert valid_calls(text, [TOOL]), text
+        if MARK[:5] in text:
+            assert MARK in text, text
+            closed += 1
+    assert closed, "no call was closed by the budget"
