@@ -481,7 +481,7 @@ def test_usage_counts_the_tokens_inside_reasoning_and_hidden_spans(vllm_tokenize
 def test_budget_closed_calls_keep_their_whole_mark_through_preemption(
     tiny_model: Path, tokenizer: Any
 ) -> None:
-    """A KV cache of 32 blocks for 48 requests: vLLM preempts rows and resumes them (its counter
+    """A KV cache of 16 blocks for 48 requests: vLLM preempts rows and resumes them (its counter
     says how often); a resumed row the budget was closing still writes the whole completion and
     its mark. ``max_tokens`` just above the reserve, so most of each reply is forced."""
     from vllm import SamplingParams
@@ -490,19 +490,26 @@ def test_budget_closed_calls_keep_their_whole_mark_through_preemption(
     from hermes_vllm.testing.engine import offline_llm
 
     llm = offline_llm(
-        tiny_model, kv_cache_memory_bytes=1 << 20, block_size=16, max_model_len=256, max_num_seqs=64,
+        tiny_model, kv_cache_memory_bytes=1 << 20, block_size=32, max_model_len=256, max_num_seqs=64,
         disable_log_stats=False,
     )  # fmt: skip
     args = constraint_args([TOOL], "required")
     max_tokens = reserve(tokenizer, [TOOL], "required") + 6
-    prompt = "<|im_start|>user\nPlease help.<|im_end|>\n<|im_start|>assistant\n"
+    # Prompts of 33 to 38 tokens: every row needs its third KV block (where vLLM preempts the
+    # latest row, which is about as far along) 26 to 31 tokens into its reply, where the budget
+    # is writing the call's completion and its mark.
+    texts = [
+        f"<|im_start|>user\nPlease help{' now' * k}.<|im_end|>\n<|im_start|>assistant\n" for k in range(40)
+    ]
+    prompts = [{"prompt_token_ids": ids} for t in texts if 33 <= len(ids := tokenizer.encode(t)) <= 38]
+    prompts = (prompts * 64)[:64]
     params = [
         SamplingParams(
             temperature=1.0, max_tokens=max_tokens, extra_args=args, skip_special_tokens=False, seed=i
         )
-        for i in range(48)
+        for i in range(len(prompts))
     ]
-    outputs = llm.generate([prompt] * len(params), params, use_tqdm=False)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
     preempted = sum(getattr(m, "value", 0) for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
     assert preempted > 0, "nothing was preempted: the test proves nothing"
     closed = 0
