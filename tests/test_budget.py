@@ -1,4 +1,5 @@
-"""Token budgets: span budgets, the reserve for a required call, closing cut calls, stop strings.
+"""Token budgets: the turn's reasoning budget, the reserve for a required call, closing cut calls,
+stop strings, preemption.
 
 The completer is checked against the engine's own masks (every completion it writes is accepted
 token by token by the grammar and ends the call), the core's budget decisions on a real
@@ -275,16 +276,16 @@ def valid_calls(text: str, tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
 @pytest.mark.engine
 def test_required_and_named_replies_always_hold_a_valid_call(tiny_model: Path, tokenizer: Any) -> None:
     """No bias toward the call tag: the model wanders into reasoning spans; at 400 tokens and at
-    a max_tokens just above the shortest call every reply holds a valid call (strings under a
-    ``pattern`` too), and a span budget given through vllm_xargs is kept."""
+    a max_tokens just above the reserve every reply holds a valid call (strings under a
+    ``pattern`` too), and a reasoning budget given through vllm_xargs caps the turn's spans."""
     from vllm import SamplingParams
 
-    from hermes_vllm.constraint import parse_constraint
-    from hermes_vllm.processor.core import shortest_call_text
-    from hermes_vllm.testing.budget_scenarios import span_token_counts
+    from hermes_vllm.parsers.dialects import HermesReasoningParser
+    from hermes_vllm.testing.budget_scenarios import reserve
     from hermes_vllm.testing.engine import offline_llm
 
     llm = offline_llm(tiny_model)
+    reasoning = HermesReasoningParser(tokenizer)
     bias = {i: 8.0 for t, i in tokenizer.get_vocab().items() if any(c in t for c in '"}]')}
     prompt = "<|im_start|>user\nPlease help.<|im_end|>\n<|im_start|>assistant\n"
     sets = [*sample_tool_sets(12), [PATTERN_TOOL]]  # the last: calls closed inside patterns
@@ -292,10 +293,7 @@ def test_required_and_named_replies_always_hold_a_valid_call(tiny_model: Path, t
     for i, tools in enumerate(sets):
         choice: Any = "required" if i % 2 else {"type": "function", "function": {"name": tools[0]["name"]}}
         args = constraint_args(tools, choice, reasoning_budget=24 if i % 3 == 0 else None)
-        shortest = shortest_call_text(parse_constraint(args), "auto")  # type: ignore[arg-type]
-        assert shortest is not None
-        tight = len(tokenizer.encode(shortest, add_special_tokens=False)) + 6
-        for max_tokens in (400, tight):
+        for max_tokens in (400, reserve(tokenizer, tools, choice) + 2):
             requests.append((tools, args, max_tokens))
     params = [
         SamplingParams(
@@ -310,10 +308,10 @@ def test_required_and_named_replies_always_hold_a_valid_call(tiny_model: Path, t
         assert valid_calls(text, tools), (max_tokens, text[-300:])
         assert len(output.outputs[0].token_ids) <= max_tokens
         if "hermes_vllm_reasoning_budget" in args:
-            counts = span_token_counts(output.outputs[0].token_ids, tokenizer)
-            assert all(n <= 24 for n in counts), counts
-            thought += len(counts)
-    assert thought, "no reasoning span to check the budget on"
+            used = reasoning.count_reasoning_tokens(output.outputs[0].token_ids)
+            assert used <= 24, text  # the turn's budget, the tags spelled in any tokens
+            thought += used
+    assert thought, "no reasoning to check the budget on"
 
 
 @pytest.mark.engine
@@ -402,6 +400,13 @@ def test_the_turns_spans_share_one_reasoning_budget(tokenizer: Any) -> None:
     state = core.admit(constraint_args([TOOL], "required"), [], max_tokens=400, thinking_budget=2)
     assert state is not None
     assert think not in run(core, state, tokenizer, "<think> a b</think>")
+    # The opening tag spelled in pieces: after a "<" (which may still open the call) nothing
+    # spells on toward "<think>", where the grammar allows only tags (before a required call).
+    lt = next(t for t in core.speller.prefixes("<") if latin1[t] == "<")
+    logits = torch.zeros((1, len(tokenizer)))
+    core.step(logits, [(0, state, [lt])])
+    after = {latin1[t] for t in torch.isfinite(logits[0]).nonzero().flatten().tolist()}
+    assert after and not any(p.startswith("th") for p in after), sorted(after)[:20]
     fresh = core.admit(constraint_args([TOOL], "required"), [], max_tokens=400)
     assert think in run(core, fresh, tokenizer, "<think> a b</think>")
 
@@ -481,7 +486,7 @@ def test_usage_counts_the_tokens_inside_reasoning_and_hidden_spans(vllm_tokenize
 def test_budget_closed_calls_keep_their_whole_mark_through_preemption(
     tiny_model: Path, tokenizer: Any
 ) -> None:
-    """A KV cache of 16 blocks for 48 requests: vLLM preempts rows and resumes them (its counter
+    """A KV cache of 16 blocks for 64 requests: vLLM preempts rows and resumes them (its counter
     says how often); a resumed row the budget was closing still writes the whole completion and
     its mark. ``max_tokens`` just above the reserve, so most of each reply is forced."""
     from vllm import SamplingParams

@@ -152,6 +152,14 @@ class TurnBudget:
         self._utf8 = 0
         """Continuation bytes the text's last character still needs."""
         self._marks = "".join({p.begin[0] for p in (dialect.tool_call, *dialect.free_spans)})
+        call = as_latin1(dialect.tool_call.begin)
+        self.span_openings = tuple(
+            tag[: next((k for k in range(1, len(tag)) if not call.startswith(tag[:k])), len(tag))]
+            for tag in (as_latin1(p.begin) for p in dialect.free_spans)
+        )
+        """What no token may complete once the reasoning budget is spent: each span's opening tag
+        from its first character that no call tag shares (``<th`` of ``<think>``: where only a
+        tag may follow, as before a required call, a ``<`` must still be free to open the call)."""
         self._free_ends = {p.end for p in dialect.free_spans}
 
     @property
@@ -235,9 +243,10 @@ class TurnBudget:
         tail = self.tail
         owed = self.required and self.calls_begun == 0
         if self.in_call():
-            if self.close and left <= self.alert:
-                return self._steer(left)
-            return NOTHING
+            plan = self._steer(left) if self.close and left <= self.alert else NOTHING
+            if plan is NOTHING and tail.open is None and self.reasoning_left() == 0:
+                return Plan(ban_spans=True)  # a call tag's first characters may yet spell a span's
+            return plan
         span = tail.open
         if span is not None:  # a reasoning or hidden span
             assert span.tags is not None

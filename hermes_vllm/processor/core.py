@@ -553,7 +553,7 @@ class ConstraintCore:
             words &= self._no_call_words(state.dialect, words.size)
         refused = self._refused(state, budget)
         if plan.ban_spans:
-            refused += tuple(as_latin1(p.begin) for p in state.dialect.free_spans)
+            refused += budget.span_openings
         if refused:
             bits = words.view(np.uint32)
             before = bits.copy()
