@@ -153,13 +153,15 @@ class TurnBudget:
         """Continuation bytes the text's last character still needs."""
         self._marks = "".join({p.begin[0] for p in (dialect.tool_call, *dialect.free_spans)})
         call = as_latin1(dialect.tool_call.begin)
+        tags = tuple(as_latin1(p.begin) for p in dialect.free_spans)
         self.span_openings = tuple(
             tag[: next((k for k in range(1, len(tag)) if not call.startswith(tag[:k])), len(tag))]
-            for tag in (as_latin1(p.begin) for p in dialect.free_spans)
-        )
-        """What no token may complete once the reasoning budget is spent: each span's opening tag
-        from its first character that no call tag shares (``<th`` of ``<think>``: where only a
-        tag may follow, as before a required call, a ``<`` must still be free to open the call)."""
+            for tag in tags
+        ) if required else tags  # fmt: skip
+        """What no token may complete once the reasoning budget is spent. Where free text is
+        allowed, the opening tags; under ``required``, where the grammar lets a tag's first
+        characters go on only as a tag, each tag from its first character no call tag shares
+        (``<th`` of ``<think>``: a ``<`` must stay free to open the call)."""
         self._free_ends = {p.end for p in dialect.free_spans}
 
     @property
