@@ -37,7 +37,7 @@ from typing import Any
 from hermes_vllm.constraint import has_constraint, parse_constraint
 from hermes_vllm.dialect import get_dialect
 from hermes_vllm.grammar.budget import MARK
-from hermes_vllm.parsers.patching import vllm_attribute
+from hermes_vllm.parsers.patching import vllm_attribute, wrap_attribute
 
 logger = logging.getLogger(__name__)
 
@@ -89,18 +89,7 @@ def _wrap_generate(generate: Callable[..., Any]) -> Callable[..., Any]:
         deltas = getattr(getattr(sampling_params, "output_kind", None), "name", "") == "DELTA"
         return _closed_as_length(outputs, mark, deltas)
 
-    setattr(wrapped, _PATCHED, True)
     return wrapped
-
-
-def _install_closed_as_length() -> bool:
-    found = vllm_attribute(_ENGINE, "AsyncLLM", "generate", _CLOSED_SKIPPED)
-    if found is None:
-        return False
-    engine, generate = found
-    if not getattr(generate, _PATCHED, False):
-        engine.generate = _wrap_generate(generate)
-    return True
 
 
 async def _noting(outputs: AsyncIterator[Any], reasons: dict[int, str | None]) -> AsyncIterator[Any]:
@@ -158,7 +147,7 @@ def install() -> bool:
     Returns whether the chat wrapper is in place: False where vLLM keeps ``"length"`` itself, or
     where the method is not there or has another signature (a warning then says so).
     """
-    _install_closed_as_length()
+    wrap_attribute(_ENGINE, "AsyncLLM", "generate", _CLOSED_SKIPPED, _wrap_generate, _PATCHED)
     found = vllm_attribute(_MODULE, "OpenAIServingChat", "chat_completion_full_generator", _SKIPPED)
     if found is None:
         return False
