@@ -46,7 +46,14 @@ def scenarios(sets: int) -> dict[str, dict[str, Any]]:
         with openai_server(model, args, CPU_ENV) as url:
             outcomes = budget_scenarios.run(url, str(model), tokenizer, sets)
         report[name] = {
-            k: {"ok": o.ok, "total": o.total, "failures": o.failures[:3]} for k, o in outcomes.items()
+            k: {
+                "ok": o.ok,
+                "total": o.total,
+                "closed": o.closed,
+                "reasoning_tokens": o.reasoning,
+                "failures": o.failures[:3],
+            }
+            for k, o in outcomes.items()
         }
         for scenario, o in outcomes.items():
             print(

@@ -10,21 +10,61 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hermes_vllm.dialect import DEFAULT_DIALECT, Dialect, available_dialects, get_dialect
 from hermes_vllm.memo import memoize_small
 from hermes_vllm.schema import Coverage
+from hermes_vllm.settings import get_limits
 
 ARGS_KEY = "hermes_vllm"
 FORMAT_VERSION = 1
 BUDGET_KEY = "hermes_vllm_reasoning_budget"
-"""Tokens each reasoning/hidden span may hold (``vllm_xargs``: the tool parser rewrites
-``ARGS_KEY``, so the budget travels under its own key); vLLM's ``thinking_token_budget`` wins."""
+"""Tokens all the turn's reasoning/hidden spans together may hold (``vllm_xargs``: the tool parser
+rewrites ``ARGS_KEY``, so the budget travels under its own key); vLLM's ``thinking_token_budget``
+wins."""
 CUT_KEY = "hermes_vllm_cut_policy"
 """``close`` or ``drop``: what ``max_tokens`` does to a begun call (see ``Limits.cut_policy``)."""
 CUT_POLICIES = ("close", "drop")
+
+
+@dataclass(frozen=True)
+class BudgetOptions:
+    """A request's own budget options from ``extra_args`` (``None``: the server's default)."""
+
+    reasoning_budget: int | None = None
+    cut_policy: str | None = None
+
+    def turn_budget(self, thinking: int | None) -> int | None:
+        """Tokens the turn's reasoning and hidden spans may hold together; ``None``: unbounded.
+
+        ``thinking`` is vLLM's ``thinking_token_budget``: it wins over the ``vllm_xargs`` key,
+        which wins over the server's ``HERMES_VLLM_REASONING_BUDGET``.
+        """
+        if thinking is not None:
+            return thinking
+        if self.reasoning_budget is not None:
+            return self.reasoning_budget
+        default = get_limits().reasoning_budget
+        return default if default >= 0 else None
+
+    def closes(self, required: bool) -> bool:
+        """Whether a call ``max_tokens`` would cut is closed (policy ``close``) rather than left to
+        be dropped: the request's policy, else the server's, else ``close`` where a call is owed."""
+        policy = self.cut_policy or get_limits().cut_policy or ("close" if required else "drop")
+        return policy == "close"
+
+
+def _parse_budget(args: Mapping[str, Any]) -> BudgetOptions:
+    """The budget keys of ``extra_args``; ``ValueError`` when malformed (HTTP 400)."""
+    budget = args.get(BUDGET_KEY)
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
+        raise ValueError(f"{BUDGET_KEY}: expected a non-negative integer, got {budget!r}")
+    policy = args.get(CUT_KEY)
+    if policy is not None and policy not in CUT_POLICIES:
+        raise ValueError(f"{CUT_KEY}: expected one of {', '.join(CUT_POLICIES)}, got {policy!r}")
+    return BudgetOptions(budget, policy)
 
 
 @dataclass(frozen=True)
@@ -38,6 +78,9 @@ class ConstraintRequest:
     coverage: Coverage = field(compare=False)
     raw: str = ""
     """The JSON it came from: equal strings mean equal constraints (a cheap cache key)."""
+    budget: BudgetOptions = field(default=BudgetOptions(), compare=False)
+    """The request's own budget keys (they travel beside the constraint's JSON, so two requests
+    with the same tools share every cache whatever their budgets)."""
 
 
 def constraint_args(
@@ -53,8 +96,9 @@ def constraint_args(
     """``extra_args`` that make the hermes-vllm logits processor constrain this request.
 
     Pass the result as ``SamplingParams(extra_args=...)`` offline, or as ``vllm_xargs`` over HTTP.
-    ``reasoning_budget``: tokens each reasoning/hidden span may hold before its closing tag is
-    forced (vLLM's own ``thinking_token_budget``, where set, takes precedence). ``cut_policy``:
+    ``reasoning_budget``: tokens the turn's reasoning/hidden spans may hold together; once spent,
+    the open span's closing tag is forced and no span opens again (vLLM's own
+    ``thinking_token_budget``, where set, takes precedence). ``cut_policy``:
     ``close`` or ``drop`` for a call ``max_tokens`` would cut (default: ``close`` under
     ``required`` / named, ``drop`` under ``auto``).
     """
@@ -163,31 +207,13 @@ def decode_constraint(raw: str) -> ConstraintRequest:
     return ConstraintRequest(tuple(tools), data.get("tool_choice", "auto"), parallel, dialect, coverage, raw)
 
 
-@dataclass(frozen=True)
-class BudgetOptions:
-    """A request's own budget options from ``extra_args`` (``None``: the server's default)."""
-
-    reasoning_budget: int | None
-    cut_policy: str | None
-
-
-def parse_budget(extra_args: Mapping[str, Any] | None) -> BudgetOptions:
-    """The budget keys of ``extra_args``; ``ValueError`` when malformed (HTTP 400)."""
-    args = extra_args or {}
-    budget = args.get(BUDGET_KEY)
-    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
-        raise ValueError(f"{BUDGET_KEY}: expected a non-negative integer, got {budget!r}")
-    policy = args.get(CUT_KEY)
-    if policy is not None and policy not in CUT_POLICIES:
-        raise ValueError(f"{CUT_KEY}: expected one of {', '.join(CUT_POLICIES)}, got {policy!r}")
-    return BudgetOptions(budget, policy)
-
-
 def parse_constraint(extra_args: Mapping[str, Any] | None) -> ConstraintRequest | None:
-    """The request's constraint, ``None`` when it has none; ``ValueError`` when malformed."""
+    """The request's constraint with its budget options, decoded once from ``extra_args``;
+    ``None`` when it has none; ``ValueError`` (HTTP 400) naming the malformed key."""
     if not has_constraint(extra_args):
         return None
-    raw = extra_args[ARGS_KEY]  # type: ignore[index]
+    assert extra_args is not None
+    raw = extra_args[ARGS_KEY]
     if not isinstance(raw, str):
         raise ValueError(f"{ARGS_KEY}: expected a JSON string, got {type(raw).__name__}")
-    return decode_constraint(raw)
+    return replace(decode_constraint(raw), budget=_parse_budget(extra_args))

@@ -44,8 +44,9 @@ class Limits:
     the call's JSON). One covers compact and ``json.dumps`` style; xgrammar's masks inside calls
     cost about 4x more with 4 (benchmarks/results/compile-whitespace4.json)."""
     reasoning_budget: int = -1
-    """Tokens each reasoning or hidden span may hold before its closing tag is forced, for requests
-    that set no budget of their own (``thinking_token_budget``); -1: unbounded."""
+    """Tokens the turn's reasoning and hidden spans may hold together (the open span's closing tag
+    is then forced, and no span opens again), for requests that set no budget of their own
+    (``thinking_token_budget``); -1: unbounded."""
     budget_margin: int = 4
     """Tokens kept beyond a call's shortest spelling by the reserve and by the steering that closes
     a call before ``max_tokens``: room for a forced token the engine refuses and a shorter one."""

@@ -1,4 +1,5 @@
-"""Token budgets: span budgets, the reserve for a required call, closing cut calls, stop strings.
+"""Token budgets: the turn's reasoning budget, the reserve for a required call, closing cut calls,
+stop strings, preemption.
 
 The completer is checked against the engine's own masks (every completion it writes is accepted
 token by token by the grammar and ends the call), the core's budget decisions on a real
@@ -275,16 +276,16 @@ def valid_calls(text: str, tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
 @pytest.mark.engine
 def test_required_and_named_replies_always_hold_a_valid_call(tiny_model: Path, tokenizer: Any) -> None:
     """No bias toward the call tag: the model wanders into reasoning spans; at 400 tokens and at
-    a max_tokens just above the shortest call every reply holds a valid call (strings under a
-    ``pattern`` too), and a span budget given through vllm_xargs is kept."""
+    a max_tokens just above the reserve every reply holds a valid call (strings under a
+    ``pattern`` too), and a reasoning budget given through vllm_xargs caps the turn's spans."""
     from vllm import SamplingParams
 
-    from hermes_vllm.constraint import parse_constraint
-    from hermes_vllm.processor.core import shortest_call_text
-    from hermes_vllm.testing.budget_scenarios import span_token_counts
+    from hermes_vllm.parsers.dialects import HermesReasoningParser
+    from hermes_vllm.testing.budget_scenarios import reserve
     from hermes_vllm.testing.engine import offline_llm
 
     llm = offline_llm(tiny_model)
+    reasoning = HermesReasoningParser(tokenizer)
     bias = {i: 8.0 for t, i in tokenizer.get_vocab().items() if any(c in t for c in '"}]')}
     prompt = "<|im_start|>user\nPlease help.<|im_end|>\n<|im_start|>assistant\n"
     sets = [*sample_tool_sets(12), [PATTERN_TOOL]]  # the last: calls closed inside patterns
@@ -292,10 +293,7 @@ def test_required_and_named_replies_always_hold_a_valid_call(tiny_model: Path, t
     for i, tools in enumerate(sets):
         choice: Any = "required" if i % 2 else {"type": "function", "function": {"name": tools[0]["name"]}}
         args = constraint_args(tools, choice, reasoning_budget=24 if i % 3 == 0 else None)
-        shortest = shortest_call_text(parse_constraint(args), "auto")  # type: ignore[arg-type]
-        assert shortest is not None
-        tight = len(tokenizer.encode(shortest, add_special_tokens=False)) + 6
-        for max_tokens in (400, tight):
+        for max_tokens in (400, reserve(tokenizer, tools, choice) + 2):
             requests.append((tools, args, max_tokens))
     params = [
         SamplingParams(
@@ -310,10 +308,10 @@ def test_required_and_named_replies_always_hold_a_valid_call(tiny_model: Path, t
         assert valid_calls(text, tools), (max_tokens, text[-300:])
         assert len(output.outputs[0].token_ids) <= max_tokens
         if "hermes_vllm_reasoning_budget" in args:
-            counts = span_token_counts(output.outputs[0].token_ids, tokenizer)
-            assert all(n <= 24 for n in counts), counts
-            thought += len(counts)
-    assert thought, "no reasoning span to check the budget on"
+            used = reasoning.count_reasoning_tokens(output.outputs[0].token_ids)
+            assert used <= 24, text  # the turn's budget, the tags spelled in any tokens
+            thought += used
+    assert thought, "no reasoning to check the budget on"
 
 
 @pytest.mark.engine
@@ -384,3 +382,146 @@ def test_a_call_cut_inside_a_split_character_is_closed_with_a_valid_one(tokenize
         logits = torch.zeros((1, len(tokenizer)))
         core.step(logits, [(0, state, [] if token is None else [token])])
     assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == [continuation]
+
+
+def test_the_turns_spans_share_one_reasoning_budget(tokenizer: Any) -> None:
+    """``thinking_token_budget`` caps the turn's reasoning, not each span's: a second span gets
+    what the first left, and once it is spent no span opens again, under auto (a gated row) and
+    under required (an engine row)."""
+    core = core_for(tokenizer)
+    latin1 = core.compiler.vocab.latin1
+    think = tokenizer.convert_tokens_to_ids("<think>")
+    state = core.admit(constraint_args([TOOL]), [], max_tokens=400, thinking_budget=3)
+    assert state is not None
+    assert think in run(core, state, tokenizer, "Hi <think> a b</think> ok")  # one token left
+    assert [latin1[t] for t in run(core, state, tokenizer, "<think> c")] == ["</think>"]
+    allowed = run(core, state, tokenizer, "</think> and then")
+    assert think not in allowed and len(allowed) > 1000
+    state = core.admit(constraint_args([TOOL], "required"), [], max_tokens=400, thinking_budget=2)
+    assert state is not None
+    assert think not in run(core, state, tokenizer, "<think> a b</think>")
+    # The opening tag spelled in pieces: after a "<" (which may still open the call) nothing
+    # spells on toward "<think>", where the grammar allows only tags (before a required call).
+    lt = next(t for t in core.speller.prefixes("<") if latin1[t] == "<")
+    logits = torch.zeros((1, len(tokenizer)))
+    core.step(logits, [(0, state, [lt])])
+    after = {latin1[t] for t in torch.isfinite(logits[0]).nonzero().flatten().tolist()}
+    assert after and not any(p.startswith("th") for p in after), sorted(after)[:20]
+    fresh = core.admit(constraint_args([TOOL], "required"), [], max_tokens=400)
+    assert think in run(core, fresh, tokenizer, "<think> a b</think>")
+
+
+def test_the_frontend_refuses_exactly_below_the_engines_reserve_mark_included(tokenizer: Any) -> None:
+    """One count of the reserve: the smallest ``max_tokens`` the frontend admits is the engine's
+    reserve, which holds the shortest call and the mark of a call the budget closes."""
+    from hermes_vllm.grammar.budget import register_tokenizer
+    from hermes_vllm.processor.core import shortest_call_text, validate_request
+
+    register_tokenizer(tokenizer)
+    args = constraint_args([TOOL], "required")
+    state = core_for(tokenizer).admit(args, [], max_tokens=500)
+    assert state is not None and state.budget is not None
+    reserve = state.budget.reserve
+    shortest = shortest_call_text(state.request, "auto")
+    assert shortest is not None
+    spelled = len(tokenizer.encode(shortest + MARK, add_special_tokens=False))
+    assert reserve >= spelled + 4  # the margin's default
+    with pytest.raises(ValueError, match=f"max_tokens={reserve - 1} .* {reserve} tokens"):
+        validate_request(args, "auto", reserve - 1)
+    assert validate_request(args, "auto", reserve) is not None
+    # Under the drop policy no mark is written, and none is reserved.
+    dropping = {**args, "hermes_vllm_cut_policy": "drop"}
+    state = core_for(tokenizer).admit(dropping, [], max_tokens=500)
+    assert state is not None and state.budget is not None and state.budget.reserve < reserve
+
+
+def test_a_resumed_row_forces_the_rest_of_its_closing_text(tokenizer: Any) -> None:
+    """After preemption a row is admitted afresh and its whole output replayed at once: what the
+    budget was forcing there (the rest of the call's completion and its mark) is forced again."""
+    core = core_for(tokenizer)
+    latin1 = core.compiler.vocab.latin1
+    args = constraint_args([TOOL], "required")
+    text = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris and then some more'
+    written = tokenizer.encode(text, add_special_tokens=False)
+    budget = len(written) + 15  # the completion and its mark are forced from here on
+    state = core.admit(args, [], max_tokens=budget)
+    assert state is not None
+    logits = torch.zeros((1, len(tokenizer)))
+    for token in [None, *written]:
+        logits = torch.zeros((1, len(tokenizer)))
+        core.step(logits, [(0, state, [] if token is None else [token])])
+    # Follow the forced text into the mark, then resume from there.
+    while MARK[:4] not in "".join(latin1[t] for t in written):
+        (token,) = torch.isfinite(logits[0]).nonzero().flatten().tolist()
+        written.append(token)
+        logits = torch.zeros((1, len(tokenizer)))
+        core.step(logits, [(0, state, [token])])
+    expected = torch.isfinite(logits[0]).nonzero().flatten().tolist()
+    assert len(expected) == 1
+    resumed = core.admit(args, [], max_tokens=budget)
+    assert resumed is not None
+    logits = torch.zeros((1, len(tokenizer)))
+    core.step(logits, [(0, resumed, written)])
+    assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == expected
+
+
+def test_usage_counts_the_tokens_inside_reasoning_and_hidden_spans(vllm_tokenizer: Any) -> None:
+    """``count_reasoning_tokens`` (vLLM's ``usage.completion_tokens_details.reasoning_tokens``):
+    every span's tokens, tags excluded, whether the tags are special tokens or plain text."""
+    from hermes_vllm.parsers.dialects import BracketsReasoningParser, HermesReasoningParser
+
+    def ids(*parts: str) -> list[int]:
+        return [t for p in parts for t in vllm_tokenizer.encode(p, add_special_tokens=False)]
+
+    inner = ids(" one two three")
+    tokens = [*ids("Hi <think>"), *inner, *ids("</think> ok <think>"), *inner]
+    assert HermesReasoningParser(vllm_tokenizer).count_reasoning_tokens(tokens) == 2 * len(inner)
+    # Tags in several tokens: a tag's first token may carry the space before it (inside the span).
+    tokens = ids("[step]", " a b", "[/step] c [scratchpad]", " d", "[/scratchpad] e")
+    least = len(ids(" a b")) + len(ids(" d"))
+    assert least <= BracketsReasoningParser(vllm_tokenizer).count_reasoning_tokens(tokens) <= least + 2
+
+
+@pytest.mark.engine
+def test_budget_closed_calls_keep_their_whole_mark_through_preemption(
+    tiny_model: Path, tokenizer: Any
+) -> None:
+    """A KV cache of 16 blocks for 64 requests: vLLM preempts rows and resumes them (its counter
+    says how often); a resumed row the budget was closing still writes the whole completion and
+    its mark. ``max_tokens`` just above the reserve, so most of each reply is forced."""
+    from vllm import SamplingParams
+
+    from hermes_vllm.testing.budget_scenarios import reserve
+    from hermes_vllm.testing.engine import offline_llm
+
+    llm = offline_llm(
+        tiny_model, kv_cache_memory_bytes=1 << 20, block_size=32, max_model_len=256, max_num_seqs=64,
+        disable_log_stats=False,
+    )  # fmt: skip
+    args = constraint_args([TOOL], "required")
+    max_tokens = reserve(tokenizer, [TOOL], "required") + 6
+    # Prompts of 33 to 38 tokens: every row needs its third KV block (where vLLM preempts the
+    # latest row, which is about as far along) 26 to 31 tokens into its reply, where the budget
+    # is writing the call's completion and its mark.
+    texts = [
+        f"<|im_start|>user\nPlease help{' now' * k}.<|im_end|>\n<|im_start|>assistant\n" for k in range(40)
+    ]
+    prompts = [{"prompt_token_ids": ids} for t in texts if 33 <= len(ids := tokenizer.encode(t)) <= 38]
+    prompts = (prompts * 64)[:64]
+    params = [
+        SamplingParams(
+            temperature=1.0, max_tokens=max_tokens, extra_args=args, skip_special_tokens=False, seed=i
+        )
+        for i in range(len(prompts))
+    ]
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    preempted = sum(getattr(m, "value", 0) for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
+    assert preempted > 0, "nothing was preempted: the test proves nothing"
+    closed = 0
+    for output in outputs:
+        text = output.outputs[0].text
+        assert valid_calls(text, [TOOL]), text
+        if MARK[:5] in text:
+            assert MARK in text, text
+            closed += 1
+    assert closed, "no call was closed by the budget"

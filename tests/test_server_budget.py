@@ -6,7 +6,9 @@ hermes_vllm``), the random tiny model at temperature 1, a bias toward ``"``, ``}
 it wanders into ``<think>`` spans, and only the budget gets the call written in time. vLLM's own
 thinking budget is on for the requests that send ``thinking_token_budget`` (the reasoning parser
 switches it on), so those replies also show that its forcing and ours agree: the server log must
-hold no row our grammar ended.
+hold no row our grammar ended. Every reply's ``usage`` must count its reasoning tokens, and a
+reply holding a call the budget closed must say it was truncated, on Chat Completions and on the
+Responses API, streamed and whole.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 import pytest
 
 from hermes_vllm.testing import budget_scenarios, tiny_model_path
-from hermes_vllm.testing.budget_scenarios import WEATHER, Case, ask, tight_max_tokens
+from hermes_vllm.testing.budget_scenarios import CLOSED_THEN_ENDED, WEATHER, Case, ask, reserve
 from hermes_vllm.testing.server import CPU_ARGS, CPU_ENV, openai_server
 
 pytestmark = pytest.mark.server
@@ -39,13 +41,18 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str,
 
 def test_every_budget_scenario_keeps_its_promise(server: tuple[str, str, Any, Path]) -> None:
     """Required and named replies hold a valid call at 400 tokens and at a max_tokens just above
-    the shortest call, streamed and whole; thinking_token_budget is kept; auto with calls pushed
-    returns no invalid call; a stop string pushed into the argument does not end the call."""
+    the reserve, streamed and whole; thinking_token_budget caps the turn's reasoning; auto with
+    calls pushed returns no invalid call; a stop string pushed into the argument does not end the
+    call; a call the budget closed comes back truncated even where the model ended its turn after
+    it; usage counts the reasoning tokens."""
     url, model, tokenizer, log = server
     outcomes = budget_scenarios.run(url, model, tokenizer)
     failed = {name: o.failures for name, o in outcomes.items() if o.ok < o.total}
     assert not failed, failed
-    assert len(outcomes) == 7 and all(o.total >= 4 for o in outcomes.values())
+    assert len(outcomes) == 8 and all(o.total >= 4 for o in outcomes.values())
+    assert outcomes[CLOSED_THEN_ENDED].closed >= 2, "too few calls closed by the budget to judge"
+    thinking = outcomes[f"required, thinking_token_budget={budget_scenarios.THINKING_BUDGET}, <think> pushed"]
+    assert thinking.reasoning > 0, "no reasoning to check the budget and usage on"
     assert "ending a constrained request" not in log.read_text(encoding="utf-8")
 
 
@@ -53,7 +60,7 @@ def test_a_max_tokens_that_cannot_hold_the_shortest_call_is_refused(
     server: tuple[str, str, Any, Path],
 ) -> None:
     url, model, tokenizer, _ = server
-    need = tight_max_tokens(tokenizer, [WEATHER], "required") - 2
+    need = reserve(tokenizer, [WEATHER], "required")
     case = Case("400", [WEATHER], {"tool_choice": "required", "max_tokens": need - 1}, False)
     reply = asyncio.run(ask(url, model, case))
     assert reply.error.startswith("BadRequestError"), reply

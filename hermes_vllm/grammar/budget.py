@@ -3,9 +3,11 @@
 Engine-free and vLLM-free: the processor core feeds a :class:`TurnBudget` each row's tokens (as
 latin-1 text, one char a byte) and asks it, before each mask, what the budget demands now:
 
-- a reasoning or hidden span that has used its budget (``thinking_token_budget``, per span,
-  counted like vLLM counts it: the tokens after the one that completed the opening tag) gets its
-  closing tag next;
+- the turn's reasoning and hidden spans share one budget (``thinking_token_budget``: the sum of
+  their tokens, each span counted like vLLM counts it, the tokens after the one that completed the
+  opening tag): once it is spent the open span gets its closing tag next, and no span opens again
+  (the tokens that would complete an opening tag are banned). vLLM's own thinking budget, where
+  it watches the row too, counts each span alone from that same budget, so ours is spent first;
 - under ``required`` / named, before the first call, free spans may use only what leaves room for
   the shortest call of the turn (its tokens in this vocabulary plus a margin, the *reserve*); when
   the room is down to that, the span closes and the call opens;
@@ -21,13 +23,15 @@ that the engine's mask allows (:class:`Speller`), so the grammar decides every t
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from hermes_vllm.dialect import Dialect
 from hermes_vllm.grammar.compiler import utf8_need
 from hermes_vllm.grammar.completion import CallCompleter
+from hermes_vllm.grammar.engines.base import Vocabulary
 from hermes_vllm.spans import Tail, partial_tag_suffix, read_tail
 
 MARK = " [closed by max_tokens]"
@@ -97,6 +101,8 @@ class Plan:
     """Text (latin-1) the next tokens must spell; empty: nothing forced."""
     ban_call: bool = False
     """No call may begin with the next token."""
+    ban_spans: bool = False
+    """No reasoning or hidden span may open with the next token (the turn's budget is spent)."""
 
 
 NOTHING = Plan()
@@ -112,22 +118,23 @@ class TurnBudget:
         speller: Speller,
         *,
         max_tokens: int,
-        span_budget: int | None,
+        reasoning_budget: int | None,
         required: bool,
         close: bool,
         margin: int,
-        shortest_call: int,
+        reserve: int,
     ) -> None:
         self.dialect = dialect
         self.completer = completer
         self.speller = speller
         self.max_tokens = max_tokens
-        self.span_budget = span_budget
+        self.reasoning_budget = reasoning_budget
+        """Tokens all the turn's reasoning/hidden spans may hold together (``None``: unbounded)."""
         self.required = required
         self.close = close
         self.margin = margin
-        self.reserve = shortest_call + margin
-        """Tokens a call needs at the least, plus the margin."""
+        self.reserve = reserve
+        """Tokens a call needs at the least, plus the margin (:func:`call_reserve`)."""
         self.text = ""
         """Text since the last clean point (latin-1)."""
         self.tail: Tail = read_tail("", dialect)
@@ -135,6 +142,8 @@ class TurnBudget:
         """Calls begun before the last clean point."""
         self.span_tokens = 0
         """Tokens in the open reasoning/hidden span after its opening tag."""
+        self.reasoning_spent = 0
+        """Tokens the turn's closed reasoning/hidden spans held."""
         self.forcing = ""
         """Forced text not yet written."""
         self.closed_calls = 0
@@ -143,6 +152,16 @@ class TurnBudget:
         self._utf8 = 0
         """Continuation bytes the text's last character still needs."""
         self._marks = "".join({p.begin[0] for p in (dialect.tool_call, *dialect.free_spans)})
+        call = as_latin1(dialect.tool_call.begin)
+        tags = tuple(as_latin1(p.begin) for p in dialect.free_spans)
+        self.span_openings = tuple(
+            tag[: next((k for k in range(1, len(tag)) if not call.startswith(tag[:k])), len(tag))]
+            for tag in tags
+        ) if required else tags  # fmt: skip
+        """What no token may complete once the reasoning budget is spent. Where free text is
+        allowed, the opening tags; under ``required``, where the grammar lets a tag's first
+        characters go on only as a tag, each tag from its first character no call tag shares
+        (``<th`` of ``<think>``: a ``<`` must stay free to open the call)."""
         self._free_ends = {p.end for p in dialect.free_spans}
 
     @property
@@ -150,6 +169,18 @@ class TurnBudget:
         """From this many tokens left on, the budget must look at every token (clean free text
         included); before it, clean free text without a tag's first byte changes nothing."""
         return max(self.reserve, 2 * self._need) + self.margin + 1
+
+    @property
+    def watch_from(self) -> int:
+        """From this many consumed tokens on, every token must be masked by the budget: its alert
+        window, or at once where the reasoning budget is spent (no span may open)."""
+        return 0 if self.reasoning_left() == 0 else self.max_tokens - self.alert
+
+    def reasoning_left(self) -> int | None:
+        """Tokens the turn's reasoning/hidden spans may still hold (``None``: unbounded)."""
+        if self.reasoning_budget is None:
+            return None
+        return max(0, self.reasoning_budget - self.reasoning_spent - self.span_tokens)
 
     @property
     def calls_begun(self) -> int:
@@ -193,8 +224,13 @@ class TurnBudget:
             return
         self.text += piece
         new = read_tail(self.text, self.dialect)
-        if new.open is not None and new.open.kind != "call":
-            same = span is not None and span.start == new.open.start and span.kind == new.open.kind
+        was_free = span is not None and span.kind != "call"
+        now = new.open if new.open is not None and new.open.kind != "call" else None
+        same = now is not None and span is not None and span.kind == now.kind and span.start == now.start
+        if was_free and not same:  # the span closed: its tokens count against the turn's budget
+            self.reasoning_spent += self.span_tokens
+            self.span_tokens = 0
+        if now is not None:
             self.span_tokens = self.span_tokens + 1 if same else 0
         if new.clean:
             self.calls += new.calls
@@ -209,26 +245,27 @@ class TurnBudget:
         tail = self.tail
         owed = self.required and self.calls_begun == 0
         if self.in_call():
-            if self.close and left <= self.alert:
-                return self._steer(left)
-            return NOTHING
+            plan = self._steer(left) if self.close and left <= self.alert else NOTHING
+            if plan is NOTHING and tail.open is None and self.reasoning_left() == 0:
+                return Plan(ban_spans=True)  # a call tag's first characters may yet spell a span's
+            return plan
         span = tail.open
         if span is not None:  # a reasoning or hidden span
             assert span.tags is not None
             end = span.tags.end
             rest = end[partial_tag_suffix(self.text, (end,)) :] if tail.end_begun else end
-            spent = self.span_budget is not None and self.span_tokens >= self.span_budget
+            spent = self.reasoning_left() == 0
             if spent or (owed and left <= self.reserve + (self.speller.count(rest) or len(rest))):
                 # Inside a split character the tag would follow invalid UTF-8: one token later.
                 return NOTHING if self._utf8 and not tail.end_begun else self._start(rest)
             return NOTHING
+        ban_spans = self.reasoning_left() == 0
         if owed:
             if left <= self.reserve + self.margin and tail.begun is None:
                 return self._start(as_latin1(self.dialect.tool_call.begin))
-            return NOTHING
-        if left <= self.reserve and tail.begun is None:
-            return Plan(ban_call=True)
-        return NOTHING
+            return Plan(ban_spans=True) if ban_spans else NOTHING
+        ban_call = left <= self.reserve and tail.begun is None
+        return Plan(ban_call=ban_call, ban_spans=ban_spans) if ban_call or ban_spans else NOTHING
 
     def _start(self, text: str) -> Plan:
         self.forcing = text
@@ -259,15 +296,61 @@ class TurnBudget:
         return self.text[len(self.text) - partial_tag_suffix(self.text, (self.dialect.tool_call.begin,)) :]
 
 
-_frontend_tokenizers: list[Any] = []
+def call_reserve(shortest: str | None, close: bool, speller: Speller, margin: int) -> int:
+    """Tokens a turn keeps for the call it owes: its shortest call and, where the budget closes
+    cut calls, :data:`MARK` after it, in ``speller``'s tokens, plus the margin.
+
+    The one count of the reserve: the engine's :class:`TurnBudget` forces the call to open from
+    it, and the frontend refuses a ``max_tokens`` below it (so the smallest admitted value still
+    holds the whole call and its mark). Only the margin where the turn has no shortest call.
+    """
+    text = None if shortest is None else as_latin1(shortest + (MARK if close else ""))
+    count = None if text is None else speller.count(text)
+    return (count or 0) + margin
+
+
+class ServedVocabulary:
+    """The served tokenizer's bytes per token and its :class:`Speller`, for the API server (the
+    admission check, counting reasoning tokens); built on first use, a pass over the vocabulary."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    @cached_property
+    def vocab(self) -> Vocabulary:
+        return Vocabulary.from_tokenizer(self.tokenizer)
+
+    @cached_property
+    def speller(self) -> Speller:
+        return Speller(self.vocab.latin1, self.vocab.stop_token_ids)
+
+    def __call__(self) -> Speller:
+        return self.speller
+
+
+_served: list[ServedVocabulary] = []
+_frontend: list[Callable[[], Speller]] = []
+
+
+def served_vocabulary(tokenizer: Any) -> ServedVocabulary:
+    """The :class:`ServedVocabulary` of ``tokenizer``, kept for the latest one (vLLM builds the
+    parsers per request, with the server's one tokenizer)."""
+    if not (_served and _served[0].tokenizer is tokenizer):
+        _served[:] = [ServedVocabulary(tokenizer)]
+    return _served[0]
+
+
+def register_speller(source: Callable[[], Speller]) -> None:
+    """Make the served model's vocabulary known to the frontend's admission check (the latest
+    wins): an in-process engine registers its own core's speller."""
+    _frontend[:] = [source]
 
 
 def register_tokenizer(tokenizer: Any) -> None:
-    """Make the served model's tokenizer known to the frontend's admission check: the tool
-    parser registers it on the server, an in-process engine its own offline (the latest wins)."""
-    _frontend_tokenizers[:] = [tokenizer]
+    """:func:`register_speller` for the server's tokenizer (the tool parser registers it)."""
+    register_speller(served_vocabulary(tokenizer))
 
 
-def frontend_tokenizer() -> Any | None:
-    """The tokenizer registered last, if any."""
-    return _frontend_tokenizers[0] if _frontend_tokenizers else None
+def frontend_speller() -> Speller | None:
+    """The speller registered last, if any."""
+    return _frontend[0]() if _frontend else None

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hermes_vllm.parsers import prompt_state
-from hermes_vllm.processor.patching import vllm_attribute
+from hermes_vllm.processor.patching import wrap_attribute
 
 logger = logging.getLogger(__name__)
 
@@ -46,17 +46,10 @@ def _wrap(get_parser: Callable[..., Any]) -> Callable[..., Any]:
             parser.always_adjust_request = True
         return parser
 
-    setattr(wrapped, _PATCHED, True)
     return wrapped
 
 
 def install() -> bool:
     """Wrap vLLM's parser composition once per process; False if this vLLM has no such hook."""
-    found = vllm_attribute(_MODULE, "ParserManager", "get_parser", _SKIPPED)
-    if found is None:
-        return False
-    manager, get_parser = found
-    if getattr(get_parser, _PATCHED, False):
-        return True
-    manager.get_parser = staticmethod(_wrap(get_parser))  # get_parser is bound to the class already
-    return True
+    # get_parser is a staticmethod: it goes back as one.
+    return wrap_attribute(_MODULE, "ParserManager", "get_parser", _SKIPPED, _wrap, _PATCHED, static=True)

@@ -1,4 +1,14 @@
-"""Report ``finish_reason: "length"`` for a non-streaming reply that ``max_tokens`` cut.
+"""Report ``finish_reason: "length"`` for a reply that ``max_tokens`` cut, and for one that holds a
+call the budget closed.
+
+A call the budget closed (steered to its shortest valid completion and followed by
+:data:`~hermes_vllm.grammar.budget.MARK`) may carry cut arguments, and the model may well end its
+turn right after it, so the engine says ``"stop"`` and vLLM says ``"tool_calls"``. Agent clients
+read truncation from ``finish_reason`` alone, so :func:`install` also wraps the engine client's
+``generate`` (``AsyncLLM.generate``, which every OpenAI door calls: chat and Responses, streaming
+and not): an output of a constrained request whose text holds the call's closing tag followed by
+the mark finishes with ``"length"`` (vLLM then keeps it, and the Responses API reports the reply
+``incomplete``). The mark stays in the content.
 
 vLLM's non-streaming chat path (``OpenAIServingChat.chat_completion_full_generator``) replaces the
 engine's finish reason with ``"tool_calls"`` whenever the parser returned a call under
@@ -17,14 +27,17 @@ version number).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from hermes_vllm.constraint import has_constraint
-from hermes_vllm.processor.patching import vllm_attribute
+from hermes_vllm.constraint import has_constraint, parse_constraint
+from hermes_vllm.dialect import get_dialect
+from hermes_vllm.grammar.budget import MARK
+from hermes_vllm.processor.patching import vllm_attribute, wrap_attribute
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +45,51 @@ _MODULE = "vllm.entrypoints.openai.chat_completion.serving"
 _PATCHED = "__hermes_vllm_finish_reason__"
 _RESOLVER = "resolve_finish_reason"
 _SKIPPED = "hermes-vllm: %s: %s; a cut non-streaming reply keeps vLLM's finish_reason"
+_ENGINE = "vllm.v1.engine.async_llm"
+_CLOSED_SKIPPED = "hermes-vllm: %s: %s; a reply holding a call the budget closed keeps its finish_reason"
+
+
+def closed_call_mark(sampling_params: Any) -> str | None:
+    """What a constrained request's output holds once the budget closed one of its calls (the
+    call's closing tag and the mark); ``None`` for a request we do not constrain."""
+    extra_args = getattr(sampling_params, "extra_args", None)
+    if not has_constraint(extra_args):
+        return None
+    try:
+        request = parse_constraint(extra_args)
+    except ValueError:  # vLLM's own admission refuses it, with the reason
+        return None
+    return None if request is None else get_dialect(request.dialect).tool_call.end + MARK
+
+
+async def _closed_as_length(outputs: AsyncIterator[Any], mark: str, deltas: bool) -> AsyncIterator[Any]:
+    """``outputs`` with ``"length"`` for every output whose text came to hold ``mark``."""
+    held: dict[int, str] = {}
+    """Per output index: the text's last characters (deltas), or ``mark`` once it was seen."""
+    async with contextlib.aclosing(outputs):  # type: ignore[type-var]
+        async for result in outputs:
+            for output in result.outputs:
+                seen = held.get(output.index, "")
+                if seen != mark:
+                    text = seen + output.text if deltas else output.text
+                    held[output.index] = mark if mark in text else text[-len(mark) :]
+                if output.finish_reason == "stop" and held[output.index] == mark:
+                    output.finish_reason = "length"
+                    output.stop_reason = None
+            yield result
+
+
+def _wrap_generate(generate: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(generate)
+    def wrapped(self: Any, prompt: Any, sampling_params: Any, *args: Any, **kwargs: Any) -> Any:
+        outputs = generate(self, prompt, sampling_params, *args, **kwargs)
+        mark = closed_call_mark(sampling_params)
+        if mark is None:
+            return outputs
+        deltas = getattr(getattr(sampling_params, "output_kind", None), "name", "") == "DELTA"
+        return _closed_as_length(outputs, mark, deltas)
+
+    return wrapped
 
 
 async def _noting(outputs: AsyncIterator[Any], reasons: dict[int, str | None]) -> AsyncIterator[Any]:
@@ -83,11 +141,13 @@ def _keeps_length(method: Callable[..., Any]) -> bool:
 
 
 def install() -> bool:
-    """Wrap vLLM's non-streaming chat method once per process where it relabels a cut reply (idempotent).
+    """Wrap vLLM's non-streaming chat method once per process where it relabels a cut reply, and
+    the engine client's ``generate`` (idempotent).
 
-    Returns whether the wrapper is in place: False where vLLM keeps ``"length"`` itself, or where
-    the method is not there or has another signature (a warning then says so).
+    Returns whether the chat wrapper is in place: False where vLLM keeps ``"length"`` itself, or
+    where the method is not there or has another signature (a warning then says so).
     """
+    wrap_attribute(_ENGINE, "AsyncLLM", "generate", _CLOSED_SKIPPED, _wrap_generate, _PATCHED)
     found = vllm_attribute(_MODULE, "OpenAIServingChat", "chat_completion_full_generator", _SKIPPED)
     if found is None:
         return False

@@ -25,13 +25,16 @@ own hook) and ``set_prompt_token_ids`` (non-streaming, forwarded by
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from vllm.entrypoints.generate.base.protocol import DeltaMessage
 from vllm.reasoning.abs_reasoning_parsers import ReasoningParser
 
 from hermes_vllm.dialect import DEFAULT_DIALECT, get_dialect
+from hermes_vllm.grammar.budget import served_vocabulary
 from hermes_vllm.parsers.shared import (
     delta_message,
     keep_special_tags,
@@ -104,6 +107,27 @@ class DialectReasoningParser(ReasoningParser):  # type: ignore[misc]
     def _opener(self) -> str:
         """The opening tag of the span the output starts inside, or ``""``."""
         return self._opened.begin if self._opened is not None else ""
+
+    def count_reasoning_tokens(self, token_ids: Sequence[int]) -> int:
+        """The output's tokens inside reasoning and hidden spans, tags excluded: what vLLM reports
+        as ``usage.completion_tokens_details.reasoning_tokens`` (chat and Responses).
+
+        Read from the tokens' bytes, so tags spelled in several tokens count like special ones. A
+        span the prompt opened counts from the output's first token.
+        """
+        pieces = served_vocabulary(self.model_tokenizer).vocab.latin1
+        text = [pieces[t] if 0 <= t < len(pieces) else "" for t in token_ids]
+        opener = self._opener
+        starts = list(accumulate((len(p) for p in text), initial=len(opener)))
+        count = 0
+        for span in split_spans(opener + "".join(text), self.dialect):
+            if span.kind in ("reasoning", "hidden"):
+                assert span.tags is not None
+                body = span.start + len(span.tags.begin)
+                count += bisect_left(starts, body + len(span.body), hi=len(token_ids)) - bisect_left(
+                    starts, body, hi=len(token_ids)
+                )
+        return count
 
     def extract_content_ids(self, input_ids: list[int]) -> list[int]:
         """The ids after the token that closes the first reasoning span; ``[]`` before that.

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 from hermes_vllm.constraint import special_tags
 from hermes_vllm.dialect import available_dialects
-from hermes_vllm.grammar.budget import register_tokenizer
+from hermes_vllm.grammar.budget import register_speller
 from hermes_vllm.processor import handshake, remote
-from hermes_vllm.processor.core import ConstraintCore, LazyTokenizer
+from hermes_vllm.processor.core import ConstraintCore
 
 if TYPE_CHECKING:
     import torch
@@ -67,7 +67,7 @@ def new_core(vllm_config: VllmConfig, pin_memory: bool) -> ConstraintCore:
         engine_name(),
         pin_memory,
     )
-    register_tokenizer(LazyTokenizer(core))  # offline, the frontend check runs in this process
+    register_speller(lambda: core.speller)  # offline, the frontend check runs in this process
     return core
 
 

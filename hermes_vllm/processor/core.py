@@ -35,17 +35,17 @@ import numpy as np
 import torch
 import xgrammar as xgr
 
-from hermes_vllm.constraint import ConstraintRequest, parse_budget, parse_constraint
+from hermes_vllm.constraint import ConstraintRequest, parse_constraint
 from hermes_vllm.dialect import Dialect
 from hermes_vllm.grammar import GrammarCompileError, ToolGrammarCompiler
 from hermes_vllm.grammar.budget import (
-    MARK,
     NOTHING,
     Plan,
     Speller,
     TurnBudget,
     as_latin1,
-    frontend_tokenizer,
+    call_reserve,
+    frontend_speller,
 )
 from hermes_vllm.grammar.compiler import (
     CompiledToolGrammar,
@@ -75,27 +75,35 @@ SPARSE_BANS_MAX = 1024
 def validate_request(extra_args: Any, engine: str, max_tokens: int | None = None) -> ConstraintRequest | None:
     """Frontend check of a request's constraint; ``ValueError`` -> HTTP 400.
 
-    Where the frontend knows the tokenizer (:func:`register_tokenizer`), a ``required`` / named
-    request whose ``max_tokens`` cannot hold the turn's shortest call plus the margin is refused
-    with both numbers; without it the engine still forces the call to open in time.
+    Where the frontend knows the vocabulary (:func:`register_tokenizer`), a ``required`` / named
+    request whose ``max_tokens`` is below the reserve the engine keeps for its call
+    (:func:`turn_reserve`: the shortest call, the mark of a call the budget closes, the margin) is
+    refused with both numbers; without it the engine still forces the call to open in time.
     """
     request = parse_constraint(extra_args)
     if request is not None:
         prepared = _validate(request, engine)
-        parse_budget(extra_args)
-        tokenizer = frontend_tokenizer()
-        if max_tokens is not None and prepared.spec.mode == "required" and tokenizer is not None:
+        speller = frontend_speller()
+        if max_tokens is not None and prepared.spec.mode == "required" and speller is not None:
             text = shortest_call_text(request, engine)
-            if text is not None:
+            reserve = turn_reserve(request, engine, speller)
+            if text is not None and max_tokens < reserve:
                 margin = get_limits().budget_margin
-                call = len(tokenizer.encode(text, add_special_tokens=False))
-                if max_tokens < call + margin:
-                    raise ValueError(
-                        f"max_tokens={max_tokens} cannot hold the shortest call this tool_choice "
-                        f"requires: {call + margin} tokens ({call} for {text!r} plus a margin of "
-                        f"{margin}, HERMES_VLLM_BUDGET_MARGIN); raise max_tokens"
-                    )
+                mark = " and the mark of a call the budget closes" if request.budget.closes(True) else ""
+                raise ValueError(
+                    f"max_tokens={max_tokens} cannot hold the shortest call this tool_choice "
+                    f"requires: {reserve} tokens (for {text!r}{mark}, plus a margin of {margin}, "
+                    "HERMES_VLLM_BUDGET_MARGIN); raise max_tokens"
+                )
     return request
+
+
+def turn_reserve(request: ConstraintRequest, engine: str, speller: Speller) -> int:
+    """The tokens a turn keeps for its call (:func:`call_reserve`), as both the frontend's check
+    and the engine's budget count them."""
+    required = _validate(request, engine).spec.mode == "required"
+    close = request.budget.closes(required)
+    return call_reserve(shortest_call_text(request, engine), close, speller, get_limits().budget_margin)
 
 
 @memoize_small(lambda request, engine: len(request.raw))
@@ -153,6 +161,8 @@ class RowState:
     """The row's token budgets (span budgets, call reserve, closing cut calls)."""
     quiet_until: int = 1 << 62
     """From this many consumed tokens on, the budget reads every token: the row is never quiet."""
+    planned: int = -1
+    """The position the budget last planned for (see :meth:`ConstraintCore.advance`)."""
     paused: np.ndarray | None = None
     """An engine-only row inside a reasoning span (:meth:`TurnBudget.in_quiet_span`): the mask
     the engine gave there, reused while the engine is left alone."""
@@ -283,9 +293,9 @@ class ConstraintCore:
         """Start constraining a request entering the batch; ``None`` when it asks for nothing.
 
         ``thinking_budget`` is vLLM's ``thinking_token_budget``: it wins over the request's
-        ``vllm_xargs`` budget and the server's ``HERMES_VLLM_REASONING_BUDGET``, and is counted
-        per span exactly as vLLM's own thinking budget counts it, so the two force the closing tag
-        at the same token.
+        ``vllm_xargs`` budget and the server's ``HERMES_VLLM_REASONING_BUDGET``. It caps the turn's
+        spans together; vLLM's own thinking budget counts each span alone, the same way, so it
+        never reaches its limit before ours.
         """
         request = parse_constraint(extra_args)
         if request is None:
@@ -297,7 +307,7 @@ class ConstraintCore:
         gated = prepared.spec.mode == "auto" and self.compiler.vocab.gate_allowed(prepared.spec.dialect)
         state = RowState(request, prepared, self.compiler.submit(prepared), stops, gated)
         if max_tokens is not None and prepared.spec.mode != "none":
-            self._budget(state, extra_args, max_tokens, thinking_budget, stop)
+            self._budget(state, max_tokens, thinking_budget, stop)
         if gated:
             state.watch = self._begin_bytes(state.dialect)
             state.quiet = True
@@ -308,34 +318,20 @@ class ConstraintCore:
         return state
 
     def _budget(
-        self,
-        state: RowState,
-        extra_args: Any,
-        max_tokens: int,
-        thinking: int | None,
-        stop: str | Sequence[str],
+        self, state: RowState, max_tokens: int, thinking: int | None, stop: str | Sequence[str]
     ) -> None:
         """Attach the row's :class:`TurnBudget` and the texts refused inside its calls."""
-        limits = get_limits()
-        options = parse_budget(extra_args)
-        span_budget = thinking if thinking is not None else options.reasoning_budget
-        if span_budget is None and limits.reasoning_budget >= 0:
-            span_budget = limits.reasoning_budget
         spec = state.prepared.spec
         required = spec.mode == "required"
-        policy = options.cut_policy or limits.cut_policy or ("close" if required else "drop")
-        shortest = shortest_call_text(state.request, self.engine)
-        close = policy == "close"
-        count = (
-            None if shortest is None else self.speller.count(as_latin1(shortest + (MARK if close else "")))
-        )
+        options = state.request.budget
         budget = TurnBudget(
             spec.dialect, completer_of(state.request, self.engine), self.speller,
-            max_tokens=max_tokens, span_budget=span_budget, required=required,
-            close=close, margin=limits.budget_margin, shortest_call=count or 0,
+            max_tokens=max_tokens, reasoning_budget=options.turn_budget(thinking), required=required,
+            close=options.closes(required), margin=get_limits().budget_margin,
+            reserve=turn_reserve(state.request, self.engine, self.speller),
         )  # fmt: skip
         state.budget = budget
-        state.quiet_until = max_tokens - budget.alert
+        state.quiet_until = budget.watch_from
         end = spec.dialect.tool_call.end
         stops = [stop] if isinstance(stop, str) else list(stop)
         # A stop string the call's closing tag holds (or that holds it) cannot be refused.
@@ -350,13 +346,20 @@ class ConstraintCore:
         return bytes({ord(p.begin[0]) for p in (dialect.tool_call, *dialect.free_spans)})
 
     def advance(self, state: RowState, new_tokens: Sequence[int]) -> None:
-        """Feed a row the tokens committed since the last step."""
+        """Feed a row the tokens committed since the last step.
+
+        A token at a position the budget did not plan for (a row resumed after preemption replays
+        its whole output into a fresh state) is planned for first: what the budget was forcing
+        there (the rest of a closing completion, its mark) is forced again after resumption.
+        """
         budget = state.budget
         if budget is not None and new_tokens and state.failed is None:
             latin1 = self.compiler.vocab.latin1
-            for token in new_tokens:
+            for i, token in enumerate(new_tokens):
+                if state.consumed + i != state.planned:
+                    budget.plan(state.consumed + i)
                 budget.feed(latin1[token] if 0 <= token < len(latin1) else "")
-            state.quiet_until = budget.max_tokens - budget.alert
+            state.quiet_until = budget.watch_from
         self._advance(state, new_tokens)
         state.quiet = (
             state.gated and state.matcher is None and bool(state.watch) and not state.pending
@@ -521,6 +524,7 @@ class ConstraintCore:
             budget = state.budget
             if budget is not None and state.failed is None:
                 plan = budget.plan(state.consumed)
+                state.planned = state.consumed
                 if plan is not NOTHING or self._refused(state, budget):
                     if state.matcher is None and not state.gated:
                         self._feed_engine(state, ())
@@ -588,6 +592,8 @@ class ConstraintCore:
         if plan.ban_call:
             words &= self._no_call_words(state.dialect, words.size)
         refused = self._refused(state, budget)
+        if plan.ban_spans:
+            refused += budget.span_openings
         if refused:
             bits = words.view(np.uint32)
             before = bits.copy()
@@ -607,15 +613,17 @@ class ConstraintCore:
         """Tokens that would complete one of ``refused`` after ``text``."""
         out: list[int] = []
         for s in refused:
-            out += np.flatnonzero(self._holding(s)).tolist()
+            out += self._holding(s).tolist()
             for k in range(1, len(s)):
                 if text.endswith(s[:k]):
                     out += self._starts_with(s[k:]).tolist()
         return out
 
     def _holding(self, s: str) -> np.ndarray:
+        """The tokens holding ``s``."""
         if s not in self._containing:
-            self._containing[s] = np.array([s in p for p in self.compiler.vocab.latin1], dtype=bool)
+            latin1 = self.compiler.vocab.latin1
+            self._containing[s] = np.array([i for i, p in enumerate(latin1) if s in p], dtype=np.int64)
         return self._containing[s]
 
     def _starts_with(self, s: str) -> np.ndarray:
@@ -647,14 +655,3 @@ class ConstraintCore:
         words = (width + 31) // 32
         if self.bitmask.shape[0] < rows or self.bitmask.shape[1] != words:
             self.bitmask = allocate_bitmask(max(rows, 2 * self.bitmask.shape[0]), width, self.pin_memory)
-
-
-class LazyTokenizer:
-    """The core's tokenizer for the frontend check of an in-process engine, loaded on first use."""
-
-    def __init__(self, core: ConstraintCore) -> None:
-        self._core = core
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        tokenizer = self._core.compiler.vocab.tokenizer
-        return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))

@@ -7,6 +7,7 @@ its target up by name and is left out, with a warning, where this vLLM has no su
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -21,3 +22,26 @@ def vllm_attribute(module: str, owner: str, name: str, skipped: str) -> tuple[An
     except (ImportError, AttributeError):
         logger.warning(skipped, module, f"no {owner}.{name}")
         return None
+
+
+def wrap_attribute(
+    module: str,
+    owner: str,
+    name: str,
+    skipped: str,
+    wrap: Callable[[Any], Any],
+    marker: str,
+    *,
+    static: bool = False,
+) -> bool:
+    """Replace ``owner.name`` of a vLLM module with ``wrap(it)`` once per process (the wrapper
+    carries ``marker``; ``static``: set it back as a staticmethod). False where it is not there."""
+    found = vllm_attribute(module, owner, name, skipped)
+    if found is None:
+        return False
+    cls, attribute = found
+    if not getattr(attribute, marker, False):
+        wrapped = wrap(attribute)
+        setattr(wrapped, marker, True)
+        setattr(cls, name, staticmethod(wrapped) if static else wrapped)
+    return True

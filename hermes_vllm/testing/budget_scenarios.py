@@ -4,6 +4,11 @@ Shared by the server test (ours must pass every one) and ``benchmarks/budget.py`
 scenarios against vLLM's own constraint, in the same run). The model is the random tiny one at
 temperature 1 with a bias toward ``"``, ``}`` and ``]`` only, except where a scenario says so:
 nothing pushes it toward the call tag.
+
+Every reply is also held to what the budget promises whatever the scenario: the turn's reasoning
+within ``thinking_token_budget``, ``usage`` counting the reasoning tokens, and a reply holding a
+call the budget closed (:data:`~hermes_vllm.grammar.budget.MARK` in its content) reported as
+truncated (``finish_reason: "length"``; on the Responses API, ``status: "incomplete"``).
 """
 
 from __future__ import annotations
@@ -19,8 +24,8 @@ import jsonschema
 from openai import AsyncOpenAI
 
 from hermes_vllm.constraint import constraint_args, parse_constraint
+from hermes_vllm.grammar.budget import MARK, served_vocabulary
 from hermes_vllm.schema import bfcl_to_json_schema, normalize_tools
-from hermes_vllm.settings import get_limits
 from hermes_vllm.testing.bias import call_bias
 from hermes_vllm.testing.corpus import sample_tool_sets
 from hermes_vllm.testing.server import Reply
@@ -34,6 +39,7 @@ WEATHER = {
 }
 MESSAGES = [{"role": "user", "content": "Please help."}]
 THINKING_BUDGET = 24
+CLOSED_THEN_ENDED = "required, tight, the turn's end pushed"
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,8 @@ class Case:
     tools: list[dict[str, Any]]
     kwargs: dict[str, Any]
     stream: bool
+    api: str = "chat"
+    """``chat`` (Chat Completions) or ``responses`` (the Responses API)."""
 
 
 @dataclass
@@ -50,39 +58,89 @@ class Outcome:
 
     ok: int = 0
     total: int = 0
+    closed: int = 0
+    """Replies holding a call the budget closed."""
+    reasoning: int = 0
+    """Reasoning tokens over all replies, as their usage reports them."""
     failures: list[str] = field(default_factory=list)
 
 
 async def ask(base_url: str, model: str, case: Case) -> Reply:
-    kwargs = {"model": model, "messages": MESSAGES, "temperature": 1.0, "tools": case.tools, **case.kwargs}
-    kwargs["extra_body"] = {**kwargs.get("extra_body", {}), "return_token_ids": True}
     async with AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=900) as client:
         try:
-            if not case.stream:
-                choice = (await client.chat.completions.create(**kwargs)).choices[0]
-                calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
-                reasoning = getattr(choice.message, "reasoning", None) or ""
-                ids = list((choice.model_extra or {}).get("token_ids") or [])
-                return Reply(choice.finish_reason, calls, choice.message.content or "", reasoning, ids)
-            found: dict[int, list[str]] = {}
-            content = reasoning = ""
-            finish = None
-            token_ids: list[int] = []
-            async for chunk in await client.chat.completions.create(stream=True, **kwargs):
-                if not chunk.choices:
-                    continue
-                choice = chunk.choices[0]
-                finish = choice.finish_reason or finish
-                token_ids += (choice.model_extra or {}).get("token_ids") or []
-                content += choice.delta.content or ""
-                reasoning += getattr(choice.delta, "reasoning", None) or ""
-                for call in choice.delta.tool_calls or []:
-                    entry = found.setdefault(call.index, ["", ""])
-                    entry[0] = call.function.name or entry[0]
-                    entry[1] += call.function.arguments or ""
-            return Reply(finish, [(n, a) for n, a in found.values()], content, reasoning, token_ids)
+            if case.api == "responses":
+                return await _ask_responses(client, model, case)
+            return await _ask_chat(client, model, case)
         except Exception as err:  # an HTTP error is a failed reply, reported as such
             return Reply(None, [], "", "", error=f"{type(err).__name__}: {err}")
+
+
+def _reasoning_tokens(usage: Any) -> int | None:
+    details = getattr(usage, "completion_tokens_details", None) or getattr(
+        usage, "output_tokens_details", None
+    )
+    return None if details is None else details.reasoning_tokens
+
+
+async def _ask_chat(client: AsyncOpenAI, model: str, case: Case) -> Reply:
+    kwargs = {"model": model, "messages": MESSAGES, "temperature": 1.0, "tools": case.tools, **case.kwargs}
+    kwargs["extra_body"] = {**kwargs.get("extra_body", {}), "return_token_ids": True}
+    if not case.stream:
+        response = await client.chat.completions.create(**kwargs)
+        choice = response.choices[0]
+        calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
+        reasoning = getattr(choice.message, "reasoning", None) or ""
+        ids = list((choice.model_extra or {}).get("token_ids") or [])
+        content = choice.message.content or ""
+        used = _reasoning_tokens(response.usage)
+        return Reply(choice.finish_reason, calls, content, reasoning, ids, reasoning_tokens=used)
+    found: dict[int, list[str]] = {}
+    content = reasoning = ""
+    finish = None
+    token_ids: list[int] = []
+    used = None
+    stream = await client.chat.completions.create(
+        stream=True, stream_options={"include_usage": True}, **kwargs
+    )
+    async for chunk in stream:
+        if chunk.usage is not None:
+            used = _reasoning_tokens(chunk.usage)
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        finish = choice.finish_reason or finish
+        token_ids += (choice.model_extra or {}).get("token_ids") or []
+        content += choice.delta.content or ""
+        reasoning += getattr(choice.delta, "reasoning", None) or ""
+        for call in choice.delta.tool_calls or []:
+            entry = found.setdefault(call.index, ["", ""])
+            entry[0] = call.function.name or entry[0]
+            entry[1] += call.function.arguments or ""
+    calls = [(n, a) for n, a in found.values()]
+    return Reply(finish, calls, content, reasoning, token_ids, reasoning_tokens=used)
+
+
+async def _ask_responses(client: AsyncOpenAI, model: str, case: Case) -> Reply:
+    """A Responses API request of the case (its ``finish_reason`` is the response's status)."""
+    flat = [{"type": "function", **t["function"]} for t in case.tools]
+    choice = case.kwargs["tool_choice"]
+    kwargs: dict[str, Any] = {
+        "model": model, "input": MESSAGES[0]["content"], "temperature": 1.0, "tools": flat,
+        "tool_choice": choice if isinstance(choice, str) else {"type": "function", **choice["function"]},
+        "max_output_tokens": case.kwargs["max_tokens"],
+        "extra_body": {"logit_bias": case.kwargs.get("logit_bias", {})},
+    }  # fmt: skip
+    if case.stream:
+        response = None
+        async for event in await client.responses.create(stream=True, **kwargs):
+            if event.type in ("response.completed", "response.incomplete"):
+                response = event.response
+        assert response is not None, "the stream ended without its response"
+    else:
+        response = await client.responses.create(**kwargs)
+    calls = [(item.name, item.arguments) for item in response.output if item.type == "function_call"]
+    used = _reasoning_tokens(response.usage)
+    return Reply(response.status, calls, response.output_text, "", reasoning_tokens=used)
 
 
 def valid_calls(reply: Reply, tools: Sequence[dict[str, Any]]) -> int | None:
@@ -112,15 +170,25 @@ def span_token_counts(token_ids: Sequence[int], tokenizer: Any) -> list[int]:
     return counts
 
 
-def tight_max_tokens(tokenizer: Any, tools: list[dict[str, Any]], choice: Any) -> int:
-    """A ``max_tokens`` just above the turn's shortest call: its tokens, the margin, and 2."""
-    from hermes_vllm.processor.core import shortest_call_text
+def reserve(tokenizer: Any, tools: list[dict[str, Any]], choice: Any) -> int:
+    """The smallest ``max_tokens`` the server admits under ``choice``: the turn's reserve (its
+    shortest call, the mark of a call the budget closes, the margin)."""
+    from hermes_vllm.processor.core import turn_reserve
 
     request = parse_constraint(constraint_args(tools, choice))
     assert request is not None
-    text = shortest_call_text(request, "auto")
-    assert text is not None
-    return len(tokenizer.encode(text, add_special_tokens=False)) + get_limits().budget_margin + 2
+    return turn_reserve(request, "auto", served_vocabulary(tokenizer).speller)
+
+
+def tight_max_tokens(tokenizer: Any, tools: list[dict[str, Any]], choice: Any) -> int:
+    """A ``max_tokens`` just above the turn's reserve: 2 more."""
+    return reserve(tokenizer, tools, choice) + 2
+
+
+def end_bias(tokenizer: Any) -> dict[str, float]:
+    """A strong push toward ending the turn (the grammar allows it only after the owed call)."""
+    ends = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    return {str(i): 30.0 for i in ends if isinstance(i, int)}
 
 
 def closers(tokenizer: Any) -> dict[str, float]:
@@ -153,11 +221,20 @@ def cases(tokenizer: Any, sets: int = 2) -> list[Case]:
         pushed = {str(k): v for k, v in call_bias(tokenizer).items()}
         out += [Case("auto, calls pushed, max_tokens=40", tools, {"max_tokens": 40, "logit_bias": pushed}, s)
                 for s in streams]  # fmt: skip
-    thinking = {"tool_choice": "required", "max_tokens": 400, "logit_bias": bias}
+    # The model reopens reasoning whenever it may (a push toward <think>, not toward the call tag):
+    # the budget is the turn's, however many spans the model opens.
+    think = tokenizer.convert_tokens_to_ids("<think>")
+    thinking = {"tool_choice": "required", "max_tokens": 400, "logit_bias": {**bias, str(think): 8.0}}
     thinking["extra_body"] = {"thinking_token_budget": THINKING_BUDGET}
     out += [
-        Case(f"required, thinking_token_budget={THINKING_BUDGET}", [WEATHER], thinking, s)
+        Case(f"required, thinking_token_budget={THINKING_BUDGET}, <think> pushed", [WEATHER], thinking, s)
         for s in streams * 2
+    ]
+    # The budget closes the call, and the model ends its turn right after it: truncated all the same.
+    ending = {"tool_choice": "required", "max_tokens": tight_max_tokens(tokenizer, [WEATHER], "required")}
+    ending["logit_bias"] = end_bias(tokenizer)
+    out += [
+        Case(CLOSED_THEN_ENDED, [WEATHER], ending, s, api) for s in streams for api in ("chat", "responses")
     ]
     paris = tokenizer.encode("Paris", add_special_tokens=False)[-1]
     stop = {
@@ -179,10 +256,19 @@ def judge(case: Case, reply: Reply, tokenizer: Any) -> str:
         return f"an invalid call: {reply.calls}"
     if case.scenario.startswith(("required", "named")) and count < 1:
         return f"no call (finish {reply.finish_reason}, content {reply.content[-80:]!r})"
-    if "thinking_token_budget" in case.scenario:
-        used = max(span_token_counts(reply.token_ids, tokenizer), default=0)
-        if used > THINKING_BUDGET:
-            return f"a reasoning span of {used} tokens"
+    truncated = "incomplete" if case.api == "responses" else "length"
+    if MARK.strip() in reply.content and reply.finish_reason != truncated:
+        return f"a call the budget closed, reported as {reply.finish_reason!r}"
+    if reply.reasoning_tokens is None:
+        return "no reasoning tokens in usage"
+    # A stream's chunks carry no token ids for reasoning: there the reasoning text tells.
+    spans = span_token_counts(reply.token_ids, tokenizer) if not case.stream else []
+    if reply.reasoning and not reply.reasoning_tokens:
+        return f"usage reports no reasoning tokens for {len(reply.reasoning)} characters of reasoning"
+    if reply.reasoning_tokens < sum(spans):  # spans opened by the <think> token, not in pieces
+        return f"usage reports {reply.reasoning_tokens} reasoning tokens for spans of {spans}"
+    if "thinking_token_budget" in case.scenario and reply.reasoning_tokens > THINKING_BUDGET:
+        return f"{reply.reasoning_tokens} reasoning tokens in one turn (spans {spans})"
     if "stop=" in case.scenario and any("Paris" in a for _, a in reply.calls):
         return "the stop string inside the argument"
     return ""
@@ -201,6 +287,8 @@ def run(base_url: str, model: str, tokenizer: Any, sets: int = 2) -> dict[str, O
         problem = judge(case, reply, tokenizer)
         outcome.total += 1
         outcome.ok += not problem
+        outcome.closed += MARK.strip() in reply.content
+        outcome.reasoning += reply.reasoning_tokens or 0
         if problem:
             outcome.failures.append(("stream: " if case.stream else "") + problem[:300])
     return outcomes

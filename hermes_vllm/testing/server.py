@@ -101,6 +101,8 @@ class Reply:
     """The generated text itself, decoded from the returned token ids, where a test needs it."""
     error: str = ""
     """What went wrong, for a request that failed (an HTTP error is a failed reply)."""
+    reasoning_tokens: int | None = None
+    """``usage``'s reasoning tokens, where the reply reported usage."""
 
 
 @dataclass(frozen=True)
