@@ -36,7 +36,7 @@ def requests() -> list[dict[str, Any]]:
     reasoning budget and a stop string."""
     out: list[dict[str, Any]] = []
     for choice in ("auto", "required", NAMED):
-        for max_tokens in (30, 120):
+        for max_tokens in (34, 120):  # 34: the shortest call and its mark (31) plus 3
             out.append({"extra_args": constraint_args([TOOL], choice), "max_tokens": max_tokens})
     budgeted = constraint_args([TOOL], "required", reasoning_budget=4)
     out.append({"extra_args": budgeted, "max_tokens": 80})
