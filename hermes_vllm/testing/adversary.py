@@ -8,11 +8,12 @@ is what masks, so a run takes milliseconds), and each picks among the tokens the
 allows:
 
 - ``random``: uniformly (seeded);
-- ``longest``: the token after which the call's shortest completion is longest, in this
-  vocabulary's tokens (inside a call; elsewhere it writes on without opening anything itself);
-- ``late``: never closes what it may leave open: opens optional properties and items where it
-  may, keeps strings and numbers going, takes the longest such token;
-- ``lead_bytes``: lone UTF-8 lead bytes wherever allowed (characters split at every step);
+- ``longest``: opens the call at once, then writes the token after which the call's shortest
+  completion is longest, in this vocabulary's tokens;
+- ``late``: opens the call at once, then never closes what it may leave open: opens optional
+  properties and items where it may, keeps strings and numbers going, takes the longest token;
+- ``lead_bytes``: opens a reasoning span where allowed, then writes lone UTF-8 lead bytes
+  wherever allowed (characters split at every step);
 - ``reopen``: opens a reasoning span whenever allowed and never closes one itself.
 
 Except for ``random``, no sampler ends the reply (a stop token) or closes a reasoning span while
@@ -48,6 +49,8 @@ SAMPLERS = ("random", "longest", "late", "lead_bytes", "reopen")
 _CANDIDATES = 24
 """Allowed tokens ``longest`` weighs at a step (a random draw, the structural ones always)."""
 _CLOSERS = frozenset('"}]')
+_OPENERS = frozenset([",", ',"', '"', "{", '{"', "[", "-", "0", "1", "9", "\\"])
+"""Pieces ``longest`` always weighs where allowed: what opens more JSON."""
 
 
 @dataclass(frozen=True)
@@ -139,14 +142,43 @@ def _need(view: _View, extra: str) -> int:
     return 1 << 20 if count is None else count
 
 
+@dataclass(frozen=True)
+class _Marks:
+    """Per-token facts the samplers rank by, one array each over the vocabulary."""
+
+    tags: np.ndarray
+    """Holds a tag of the dialect (opening or closing)."""
+    score: np.ndarray
+    """``late``'s preference: a comma counts 2, holding no closer 1."""
+    length: np.ndarray
+    lead: np.ndarray
+    """Ends with a UTF-8 lead byte."""
+
+
+_marks: dict[tuple[int, str], _Marks] = {}
+
+
+def _marks_of(view: _View) -> _Marks:
+    dialect = view.state.dialect
+    key = (id(view.core), dialect.name)
+    if key not in _marks:
+        latin1 = view.core.compiler.vocab.latin1
+        tags = [p.begin for p in (dialect.tool_call, *dialect.free_spans)] + [p.end for p in dialect.free_spans]
+        _marks[key] = _Marks(
+            np.array([any(g in p for g in tags) for p in latin1]),
+            np.array([("," in p) * 2 + (not _CLOSERS & set(p)) for p in latin1]),
+            np.array([len(p) for p in latin1]),
+            np.array([bool(p) and 0xC2 <= ord(p[-1]) <= 0xF4 for p in latin1]),
+        )
+    return _marks[key]
+
+
 def _plain(view: _View) -> np.ndarray:
     """Allowed tokens that neither end the reply nor open or close a tag (all allowed if none)."""
-    latin1 = view.core.compiler.vocab.latin1
-    stops = set(view.state.stop_ids)
-    dialect = view.state.dialect
-    tags = [p.begin for p in (dialect.tool_call, *dialect.free_spans)] + [p.end for p in dialect.free_spans]
-    keep = [t for t in view.allowed.tolist() if t not in stops and not any(g in latin1[t] for g in tags)]
-    return np.array(keep) if keep else view.allowed
+    marks = _marks_of(view)
+    allowed = view.allowed[view.allowed < len(marks.tags)]
+    keep = allowed[~marks.tags[allowed] & ~np.isin(allowed, view.state.stop_ids)]
+    return keep if keep.size else view.allowed
 
 
 def _pick(view: _View, pool: np.ndarray) -> int:
@@ -157,7 +189,20 @@ def _random(view: _View) -> int:
     return _pick(view, view.allowed)
 
 
+def _call_tag(view: _View) -> int | None:
+    """The allowed token that opens a call, if one does (outside a call)."""
+    if _call_text(view.text, view.state.dialect) is not None:
+        return None
+    latin1 = view.core.compiler.vocab.latin1
+    begin = view.state.dialect.tool_call.begin
+    tags = [t for t in view.allowed.tolist() if latin1[t] == begin]
+    return tags[0] if tags else None
+
+
 def _longest(view: _View) -> int:
+    tag = _call_tag(view)
+    if tag is not None:
+        return tag
     pool = _plain(view)
     if _call_text(view.text, view.state.dialect) is None or len(pool) == 1:
         return _pick(view, pool)
@@ -166,34 +211,48 @@ def _longest(view: _View) -> int:
     structural = [t for t in ids if any(c in latin1[t] for c in ',"{[:-0123456789')]
     sample = view.rng.sample(structural, min(len(structural), _CANDIDATES))
     sample += view.rng.sample(ids, min(len(ids), _CANDIDATES // 3))
+    sample += [t for t in ids if latin1[t] in _OPENERS]
     return max(sample, key=lambda t: (_need(view, latin1[t]), len(latin1[t])))
 
 
 def _late(view: _View) -> int:
+    tag = _call_tag(view)
+    if tag is not None:
+        return tag
     pool = _plain(view)
-    latin1 = view.core.compiler.vocab.latin1
-
-    def score(t: int) -> tuple[int, int]:
-        piece = latin1[t]
-        return (("," in piece) * 2 + (not _CLOSERS & set(piece)), len(piece))
-
-    ranked = sorted(pool.tolist(), key=score, reverse=True)
-    best = score(ranked[0])
-    return _pick(view, np.array([t for t in ranked if score(t) == best]))
+    marks = _marks_of(view)
+    valid = pool[pool < len(marks.score)]
+    if not valid.size:
+        return _pick(view, pool)
+    rank = marks.score[valid] * 1000 + marks.length[valid]
+    return _pick(view, valid[rank == rank.max()])
 
 
-def _lead_bytes(view: _View) -> int:
-    pool = _plain(view)
-    latin1 = view.core.compiler.vocab.latin1
-    leads = [t for t in pool.tolist() if latin1[t] and 0xC2 <= ord(latin1[t][-1]) <= 0xF4]
-    return _pick(view, np.array(leads)) if leads else _pick(view, pool)
-
-
-def _reopen(view: _View) -> int:
+def _reasoning_tag(view: _View) -> int | None:
+    """The allowed token that opens a reasoning span, if one does (outside every span)."""
+    tail = read_tail(view.text, view.state.dialect)
+    if tail.open is not None or tail.begun is not None:
+        return None
     latin1 = view.core.compiler.vocab.latin1
     opens = [p.begin for p in view.state.dialect.reasoning]
     begins = [t for t in view.allowed.tolist() if latin1[t] in opens]
-    return int(begins[0]) if begins else _pick(view, _plain(view))
+    return begins[0] if begins else None
+
+
+def _lead_bytes(view: _View) -> int:
+    tag = _reasoning_tag(view)
+    if tag is not None:
+        return tag
+    pool = _plain(view)
+    marks = _marks_of(view)
+    valid = pool[pool < len(marks.lead)]
+    leads = valid[marks.lead[valid]]
+    return _pick(view, leads if leads.size else pool)
+
+
+def _reopen(view: _View) -> int:
+    tag = _reasoning_tag(view)
+    return tag if tag is not None else _pick(view, _plain(view))
 
 
 _SAMPLERS: dict[str, Sampler] = {
