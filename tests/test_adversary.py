@@ -16,7 +16,7 @@ import torch
 
 from hermes_vllm import constraint_args
 from hermes_vllm.dialect import get_dialect
-from hermes_vllm.grammar.budget import as_latin1
+from hermes_vllm.grammar.budget import MARK, as_latin1
 from hermes_vllm.grammar.completion import CallCompleter
 from hermes_vllm.processor.core import ConstraintCore
 from hermes_vllm.testing.adversary import Scenario, run
@@ -128,7 +128,7 @@ def test_a_number_begun_below_its_minimum_is_finished_above_it() -> None:
     """Hole 8: ``1`` under ``minimum: 1000`` is a prefix of 1000, not a dead end."""
     schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1000}}, "required": ["n"]}
     completer = CallCompleter(HERMES, [("bn", schema)])
-    for written in ('{"n":1', '{"n":-', '{"n":9'):
+    for written in ('{"n":1', '{"n":99', '{"n":9'):
         completes(completer, '<tool_call>{"name":"bn","arguments":' + written, schema)
 
 
@@ -140,7 +140,7 @@ def test_min_properties_counts_the_properties_written() -> None:
         "minProperties": 2,
     }
     completer = CallCompleter(HERMES, [("mp", schema)])
-    for written in ('{"c":1', '{"b":1', "{", ""):
+    for written in ('{"b":1', '{"a":1', '{"a":1,"b"', "{", ""):
         completes(completer, '<tool_call>{"name":"mp","arguments":' + written, schema)
 
 
@@ -162,8 +162,9 @@ def test_the_reserve_is_the_shortest_call_in_tokens(tokenizer: Any) -> None:
     short = count(as_latin1('"qxzjkvqx"'))
     long = count(as_latin1('"information_information"'))
     assert short is not None and long is not None and long < short  # the premise, on this vocabulary
-    call = '<tool_call>{"name":"e","arguments":{"w":"information_information"}}</tool_call> [closed by max_tokens]'
-    assert state.budget.reserve == count(as_latin1(call)) + state.budget.margin
+    for order in ('{"name":"e","arguments":{"w":%s}}', '{"arguments":{"w":%s},"name":"e"}'):
+        call = "<tool_call>" + order % '"qxzjkvqx"' + "</tool_call>" + MARK
+        assert state.budget.reserve < core.speller.count(as_latin1(call)) + state.budget.margin  # type: ignore[operator]
 
 
 def feed(core: ConstraintCore, state: Any, tokens: list[int]) -> list[int]:
@@ -184,10 +185,7 @@ def test_a_stop_string_straddling_a_clean_point_is_refused_before_an_owed_call(t
     state = core.admit(constraint_args(tools, "required"), [], max_tokens=400, stop=["\n\n"])
     assert state is not None
     newline = tokenizer.convert_tokens_to_ids("<0x0A>")
-    tokens = [*tokenizer.encode("<think>a", add_special_tokens=False), newline]
-    tokens += tokenizer.encode("</think>", add_special_tokens=False)
-    before = feed(core, state, tokens[:-1])
-    assert newline in before  # inside the span: one newline is no stop string
+    assert newline in feed(core, state, tokenizer.encode("<think>a", add_special_tokens=False))
     state = core.admit(constraint_args(tools, "required"), [], max_tokens=400, stop=["</think>\n"])
     assert state is not None
     allowed = feed(core, state, tokenizer.encode("<think>a</think>", add_special_tokens=False))
@@ -199,7 +197,9 @@ def test_a_stop_string_straddling_a_clean_point_is_refused_before_an_owed_call(t
 
 
 @pytest.mark.parametrize("engine", ["xgrammar", "llguidance", "outlines"])
-def test_lone_utf8_lead_bytes_neither_defer_the_closing_tag_nor_fail_the_row(tokenizer: Any, engine: str) -> None:
+def test_lone_utf8_lead_bytes_neither_defer_the_closing_tag_nor_fail_the_row(
+    tokenizer: Any, engine: str
+) -> None:
     """Hole 6: a model writing lone lead bytes held a 4-token span open for 34 tokens, and where
     vLLM's own thinking budget forces ``</think>`` at a split character the row failed."""
     core = core_for(tokenizer, engine)

@@ -34,6 +34,9 @@ MARK = " [closed by max_tokens]"
 """Content written right after a call that the budget closed (its arguments may be truncated)."""
 _LONGEST = 64
 """Longest token spelling tried when spelling text (characters)."""
+_SPLIT_WINDOW = 4
+"""Tokens before a span's budget is spent from which no character may be left split (a split one
+is finished first): a character's continuation bytes take at most three tokens."""
 
 
 def as_latin1(text: str) -> str:
@@ -97,6 +100,10 @@ class Plan:
     """Text (latin-1) the next tokens must spell; empty: nothing forced."""
     ban_call: bool = False
     """No call may begin with the next token."""
+    whole_characters: bool = False
+    """The next token may not end inside a character: vLLM's thinking budget may force the
+    closing tag within the next few tokens, and a tag after a split character is invalid UTF-8
+    (the engines that check it refuse the tag, and the row would fail)."""
 
 
 NOTHING = Plan()
@@ -117,6 +124,8 @@ class TurnBudget:
         close: bool,
         margin: int,
         shortest_call: int,
+        lookahead: int = 0,
+        stop_reach: int = 0,
     ) -> None:
         self.dialect = dialect
         self.completer = completer
@@ -128,6 +137,14 @@ class TurnBudget:
         self.margin = margin
         self.reserve = shortest_call + margin
         """Tokens a call needs at the least, plus the margin."""
+        self.lookahead = lookahead
+        """The most one token can add to a begun call's shortest completion (in tokens, over the
+        turn's tools): a call is steered once what is left is within this of its need plus the
+        margin, so that no token the mask allows can leave it unable to finish."""
+        self.stop_reach = stop_reach
+        self.recent = ""
+        """The last ``stop_reach`` characters written, clean points or not: where a stop string
+        may have begun."""
         self.text = ""
         """Text since the last clean point (latin-1)."""
         self.tail: Tail = read_tail("", dialect)
@@ -137,19 +154,22 @@ class TurnBudget:
         """Tokens in the open reasoning/hidden span after its opening tag."""
         self.forcing = ""
         """Forced text not yet written."""
-        self.closed_calls = 0
-        """Calls this budget closed."""
         self._need = self.reserve
         self._utf8 = 0
         """Continuation bytes the text's last character still needs."""
         self._marks = "".join({p.begin[0] for p in (dialect.tool_call, *dialect.free_spans)})
-        self._free_ends = {p.end for p in dialect.free_spans}
+
+    def tokens(self, text: str) -> int:
+        """``text``'s length in this vocabulary's tokens (its bytes where it cannot be spelled)."""
+        latin1 = as_latin1(text)
+        count = self.speller.count(latin1)
+        return len(latin1) if count is None else count
 
     @property
     def alert(self) -> int:
         """From this many tokens left on, the budget must look at every token (clean free text
         included); before it, clean free text without a tag's first byte changes nothing."""
-        return max(self.reserve, 2 * self._need) + self.margin + 1
+        return max(self.reserve, 2 * self._need) + self.margin + self.lookahead + 1
 
     @property
     def calls_begun(self) -> int:
@@ -179,6 +199,8 @@ class TurnBudget:
         """Follow one sampled token (its bytes as latin-1)."""
         if self.forcing:
             self.forcing = self.forcing[len(piece) :] if self.forcing.startswith(piece) else ""
+        if self.stop_reach:
+            self.recent = (self.recent + piece)[-self.stop_reach :]
         if self._utf8 or not piece.isascii():
             self._utf8 = utf8_need(self._utf8, piece)
         tail = self.tail
@@ -217,10 +239,16 @@ class TurnBudget:
             assert span.tags is not None
             end = span.tags.end
             rest = end[partial_tag_suffix(self.text, (end,)) :] if tail.end_begun else end
-            spent = self.span_budget is not None and self.span_tokens >= self.span_budget
-            if spent or (owed and left <= self.reserve + (self.speller.count(rest) or len(rest))):
-                # Inside a split character the tag would follow invalid UTF-8: one token later.
-                return NOTHING if self._utf8 and not tail.end_begun else self._start(rest)
+            ahead = None if self.span_budget is None else self.span_budget - self.span_tokens
+            if (ahead is not None and ahead <= 0) or (
+                owed and left <= self.reserve + (self.speller.count(rest) or len(rest))
+            ):
+                # Inside a split character the tag would follow invalid UTF-8: finish it first.
+                return self._start(("" if tail.end_begun else _finish_character(self.text)) + rest)
+            if ahead is not None and ahead <= _SPLIT_WINDOW and not tail.end_begun:
+                if self._utf8:
+                    return self._start(_finish_character(self.text))
+                return Plan(whole_characters=True)
             return NOTHING
         if owed:
             if left <= self.reserve + self.margin and tail.begun is None:
@@ -239,7 +267,8 @@ class TurnBudget:
         # A random or weak model leaves split characters behind: finish the last one first, and
         # read any other as U+FFFD (inside a string, where the grammar let it through).
         fix = _finish_character(call)
-        completion = self.completer.complete((call + fix).encode("latin-1").decode("utf-8", errors="replace"))
+        written = (call + fix).encode("latin-1").decode("utf-8", errors="replace")
+        completion = self.completer.complete(written, self.tokens)
         if completion is None:
             return NOTHING
         text = fix + as_latin1(completion + MARK)
@@ -247,9 +276,8 @@ class TurnBudget:
         if need is None:
             return NOTHING
         self._need = need
-        if left > need + self.margin:
+        if left > need + self.margin + self.lookahead:
             return NOTHING
-        self.closed_calls += 1
         return self._start(text)
 
     def _call_text(self) -> str:

@@ -52,6 +52,7 @@ from hermes_vllm.grammar.compiler import (
     PreparedTurn,
     ToolCallMatcher,
     prepare_constraint,
+    utf8_need,
 )
 from hermes_vllm.grammar.completion import CallCompleter
 from hermes_vllm.grammar.engines import get_engine_class
@@ -83,12 +84,23 @@ def validate_request(extra_args: Any, engine: str, max_tokens: int | None = None
     if request is not None:
         prepared = _validate(request, engine)
         parse_budget(extra_args)
+        if prepared.spec.mode == "required":
+            unknown = completer_of(request, engine).unknown()
+            if unknown:
+                raise ValueError(
+                    "no shortest valid call can be built for this tool_choice, so its call cannot "
+                    f"be promised within max_tokens: {'; '.join(unknown)}"
+                )
         tokenizer = frontend_tokenizer()
         if max_tokens is not None and prepared.spec.mode == "required" and tokenizer is not None:
-            text = shortest_call_text(request, engine)
+
+            def tokens(text: str) -> int:
+                return len(tokenizer.encode(text, add_special_tokens=False))
+
+            text = completer_of(request, engine).shortest_call(tokens)
             if text is not None:
                 margin = get_limits().budget_margin
-                call = len(tokenizer.encode(text, add_special_tokens=False))
+                call = tokens(text)
                 if max_tokens < call + margin:
                     raise ValueError(
                         f"max_tokens={max_tokens} cannot hold the shortest call this tool_choice "
@@ -113,6 +125,13 @@ def completer_of(request: ConstraintRequest, engine: str) -> CallCompleter:
     budget read the same turn)."""
     spec = _validate(request, engine).spec
     return CallCompleter(spec.dialect, [(t.name, t.parameters) for t in spec.tools])
+
+
+@memoize_small(lambda request, engine, budget: len(request.raw))
+def lookahead_of(request: ConstraintRequest, engine: str, budget: TurnBudget) -> int:
+    """:meth:`CallCompleter.lookahead` in the budget's tokens, cached by the constraint (one
+    vocabulary a process)."""
+    return completer_of(request, engine).lookahead(budget.tokens)
 
 
 @memoize_small(lambda request, engine: len(request.raw))
@@ -189,6 +208,7 @@ class ConstraintCore:
         self._containing: dict[str, np.ndarray] = {}
         self._starting: dict[str, np.ndarray] = {}
         self._no_call: dict[str, np.ndarray] = {}
+        self._whole: np.ndarray | None = None
 
     @cached_property
     def compiler(self) -> ToolGrammarCompiler:
@@ -285,26 +305,28 @@ class ConstraintCore:
         spec = state.prepared.spec
         required = spec.mode == "required"
         policy = options.cut_policy or limits.cut_policy or ("close" if required else "drop")
-        shortest = shortest_call_text(state.request, self.engine)
         close = policy == "close"
-        count = (
-            None if shortest is None else self.speller.count(as_latin1(shortest + (MARK if close else "")))
-        )
-        budget = TurnBudget(
-            spec.dialect, completer_of(state.request, self.engine), self.speller,
-            max_tokens=max_tokens, span_budget=span_budget, required=required,
-            close=close, margin=limits.budget_margin, shortest_call=count or 0,
-        )  # fmt: skip
-        state.budget = budget
-        state.quiet_until = max_tokens - budget.alert
         end = spec.dialect.tool_call.end
         stops = [stop] if isinstance(stop, str) else list(stop)
         # A stop string the call's closing tag holds (or that holds it) cannot be refused.
         state.refused_stops = tuple(
             as_latin1(s) for s in dict.fromkeys(stops) if s and end not in s and s not in end
         )
+        completer = completer_of(state.request, self.engine)
+        budget = TurnBudget(
+            spec.dialect, completer, self.speller,
+            max_tokens=max_tokens, span_budget=span_budget, required=required,
+            close=close, margin=limits.budget_margin, shortest_call=0,
+        )  # fmt: skip
+        shortest = completer.shortest_call(budget.tokens)
+        if shortest is not None:
+            budget.reserve += budget.tokens(shortest + (MARK if close else ""))
+        budget.lookahead = lookahead_of(state.request, self.engine, budget)
+        state.budget = budget
+        state.quiet_until = max_tokens - budget.alert
         if thinking is not None:
             state.refused_in_calls = tuple(as_latin1(p.begin) for p in spec.dialect.reasoning)
+        budget.stop_reach = max(map(len, state.refused_stops + state.refused_in_calls), default=0)
 
     @staticmethod
     def _begin_bytes(dialect: Dialect) -> bytes:
@@ -547,11 +569,13 @@ class ConstraintCore:
             budget.forcing = ""
         if plan.ban_call:
             words &= self._no_call_words(state.dialect, words.size)
+        if plan.whole_characters:
+            words &= self._whole_words(words.size)
         refused = self._refused(state, budget)
         if refused:
             bits = words.view(np.uint32)
             before = bits.copy()
-            for token in self._completing(budget.text, refused):
+            for token in self._completing(budget.recent, refused):
                 bits[token >> 5] &= np.uint32(0xFFFFFFFF ^ (1 << (token & 31)))
             if not bits.any():  # the grammar itself spells the refused text here: it must pass
                 bits[:] = before
@@ -597,6 +621,15 @@ class ConstraintCore:
             padded[: allowed.size] = allowed
             self._no_call[begin] = np.packbits(padded, bitorder="little").view(np.int32)
         return self._no_call[begin]
+
+    def _whole_words(self, words: int) -> np.ndarray:
+        """Packed mask of the tokens that do not end inside a character (from a boundary)."""
+        if self._whole is None:
+            allowed = np.array([utf8_need(0, p) == 0 for p in self.compiler.vocab.latin1], dtype=bool)
+            padded = np.ones(words * 32, dtype=bool)
+            padded[: allowed.size] = allowed
+            self._whole = np.packbits(padded, bitorder="little").view(np.int32)
+        return self._whole
 
     def _allow_only(self, row: int, token_ids: Sequence[int]) -> None:
         words = self.bitmask[row].zero_().numpy()

@@ -163,7 +163,9 @@ def _marks_of(view: _View) -> _Marks:
     key = (id(view.core), dialect.name)
     if key not in _marks:
         latin1 = view.core.compiler.vocab.latin1
-        tags = [p.begin for p in (dialect.tool_call, *dialect.free_spans)] + [p.end for p in dialect.free_spans]
+        tags = [p.begin for p in (dialect.tool_call, *dialect.free_spans)] + [
+            p.end for p in dialect.free_spans
+        ]
         _marks[key] = _Marks(
             np.array([any(g in p for g in tags) for p in latin1]),
             np.array([("," in p) * 2 + (not _CLOSERS & set(p)) for p in latin1]),
