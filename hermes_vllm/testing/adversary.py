@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,6 +91,12 @@ class Outcome:
     failed: str | None = None
     """The row failed: the engine refused a token it was given."""
     ended_by: str = "max_tokens"
+    window_steps: int = 0
+    """Steps taken with the row inside its budget's window (what is left within its alert)."""
+    window_seconds: float = 0.0
+    """Time the core spent on those steps (advance and mask, one row)."""
+    other_steps: int = 0
+    other_seconds: float = 0.0
 
     def kept(self, budget: int | None) -> bool:
         """The budgets' promise held: the owed call is there, every call is valid, no span ran
@@ -297,7 +304,17 @@ def run(core: ConstraintCore, tokenizer: Any, scenario: Scenario, sampler: str, 
     new: list[int] = []
     while len(out) < scenario.max_tokens:
         logits = torch.zeros((1, core.vocab_size))
+        budget = state.budget
+        window = budget is not None and budget.max_tokens - state.consumed - len(new) <= budget.alert
+        began = time.perf_counter()
         core.step(logits, [(0, state, new)])
+        spent = time.perf_counter() - began
+        if window:
+            outcome.window_steps += 1
+            outcome.window_seconds += spent
+        else:
+            outcome.other_steps += 1
+            outcome.other_seconds += spent
         if state.failed is not None:
             outcome.failed = state.failed
             break
