@@ -1,7 +1,7 @@
 """The budgets' "always" against a worst-case model, over schema shapes, engines and budgets.
 
     python benchmarks/worstcase.py [--sets 4] [--stride 8] [--engines xgrammar llguidance outlines]
-                                   [--tokenizer mistral-v1] [--out PATH.json]
+                                   [--shapes N] [--samplers ...] [--tokenizer mistral-v1] [--out PATH.json]
 
 Every sampler of :mod:`hermes_vllm.testing.adversary` plays ``required``, named and ``auto`` turns
 over hand-written schemas of each shape the completer covers and ``--sets`` BFCL tool sets, at
@@ -134,7 +134,7 @@ def _reserve(core: ConstraintCore, tools: list[dict[str, Any]], choice: Any) -> 
 
 def sweep(args: argparse.Namespace) -> dict[str, Any]:
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_path(args.tokenizer)))
-    shapes = dict(SHAPES)
+    shapes = dict(list(SHAPES.items())[: args.shapes])
     for n, tools in enumerate(sample_tool_sets(args.sets, seed=args.seed)):
         shapes[f"BFCL set {n}"] = [t.get("function", t) for t in tools]
     rows: list[dict[str, Any]] = []
@@ -146,7 +146,7 @@ def sweep(args: argparse.Namespace) -> dict[str, Any]:
                 choice = tools[0]["name"] if mode == "named" else mode
                 low = _reserve(core, tools, "required" if mode == "auto" else choice)
                 for offset in range(0, 65, args.stride):
-                    for k, sampler in enumerate(SAMPLERS):
+                    for k, sampler in enumerate(args.samplers):
                         variant = (offset // args.stride + k) % 3
                         scenario = Scenario(
                             tools,
@@ -188,7 +188,7 @@ def _summary(args: argparse.Namespace, rows: list[dict[str, Any]], seconds: floa
     return {
         "meta": {
             "tokenizer": args.tokenizer, "engines": args.engines, "sets": args.sets, "stride": args.stride,
-            "samplers": list(SAMPLERS), "thinking_budget": THINKING, "seconds": round(seconds, 1),
+            "samplers": args.samplers, "thinking_budget": THINKING, "seconds": round(seconds, 1),
             "command": " ".join(sys.argv),
         },
         "total": _rate(rows),
@@ -233,6 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engines", nargs="+", default=["xgrammar", "llguidance", "outlines"])
     parser.add_argument("--tokenizer", default="mistral-v1")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--shapes", type=int, default=len(SHAPES), help="hand-written shapes played (first N)"
+    )
+    parser.add_argument("--samplers", nargs="+", default=list(SAMPLERS), choices=SAMPLERS)
     parser.add_argument("--out", type=Path, default=RESULTS / "worstcase.json")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")

@@ -93,3 +93,10 @@ def test_memory_runs(tmp_path: Path) -> None:
     run("memory.py", "--mode", "tools", "--long", "--phases", "2", "--per-phase", "4", out=tmp_path)
     report = json.loads((tmp_path / "memory-tools-long.json").read_text())
     assert len(report["rss_mb"]) == 3 and report["per_phase"] == 4
+
+
+def test_worstcase_sweep_runs(tmp_path: Path) -> None:
+    args = ["--sets", "0", "--shapes", "1", "--stride", "64", "--engines", "xgrammar", "--samplers", "random"]
+    run("worstcase.py", *args, out=tmp_path / "worstcase.json")
+    result = json.loads((tmp_path / "worstcase.json").read_text())
+    assert result["total"]["runs"] == 6 and (tmp_path / "worstcase.png").exists()

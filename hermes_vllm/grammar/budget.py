@@ -78,6 +78,13 @@ class Speller:
             out += self._ids.get(text[:k], ())
         return out
 
+    def tokens(self, text: str) -> int:
+        """``text`` (not latin-1) measured in this vocabulary's tokens (its bytes where it cannot
+        be spelled): how the completer compares completions."""
+        latin1 = as_latin1(text)
+        count = self.count(latin1)
+        return len(latin1) if count is None else count
+
     def count(self, text: str) -> int | None:
         """Tokens of the greedy spelling of ``text`` (latin-1); ``None`` if it cannot be spelled."""
         n, pos = 0, 0
@@ -158,12 +165,6 @@ class TurnBudget:
         self._utf8 = 0
         """Continuation bytes the text's last character still needs."""
         self._marks = "".join({p.begin[0] for p in (dialect.tool_call, *dialect.free_spans)})
-
-    def tokens(self, text: str) -> int:
-        """``text``'s length in this vocabulary's tokens (its bytes where it cannot be spelled)."""
-        latin1 = as_latin1(text)
-        count = self.speller.count(latin1)
-        return len(latin1) if count is None else count
 
     @property
     def alert(self) -> int:
@@ -268,7 +269,7 @@ class TurnBudget:
         # read any other as U+FFFD (inside a string, where the grammar let it through).
         fix = _finish_character(call)
         written = (call + fix).encode("latin-1").decode("utf-8", errors="replace")
-        completion = self.completer.complete(written, self.tokens)
+        completion = self.completer.complete(written, self.speller.tokens)
         if completion is None:
             return NOTHING
         text = fix + as_latin1(completion + MARK)

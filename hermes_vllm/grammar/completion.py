@@ -801,13 +801,13 @@ class CallCompleter:
         return self.complete("", measure)
 
     def unknown(self) -> list[str]:
-        """Where a tool's arguments have no shortest value: ``"tool: path: reason"`` each."""
+        """Where a tool's arguments have no shortest value, one message each (tool and path)."""
         out = []
         for name, parameters in self.tools:
             try:
                 _shortest(parameters, _Ctx({"arguments": parameters}, len))
             except _Unknown as err:
-                out.append(f"{name}: {err.path or '/'}: {err.reason}")
+                out.append(f"tool {name!r}: no shortest value at parameters{err.path} ({err.reason})")
         return out
 
     def lookahead(self, measure: Measure = len) -> int:

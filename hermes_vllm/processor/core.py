@@ -88,19 +88,15 @@ def validate_request(extra_args: Any, engine: str, max_tokens: int | None = None
             unknown = completer_of(request, engine).unknown()
             if unknown:
                 raise ValueError(
-                    "no shortest valid call can be built for this tool_choice, so its call cannot "
-                    f"be promised within max_tokens: {'; '.join(unknown)}"
+                    f"{'; '.join(unknown)}: the call this tool_choice requires could not be "
+                    "promised within max_tokens; simplify that schema"
                 )
         tokenizer = frontend_tokenizer()
         if max_tokens is not None and prepared.spec.mode == "required" and tokenizer is not None:
-
-            def tokens(text: str) -> int:
-                return len(tokenizer.encode(text, add_special_tokens=False))
-
-            text = completer_of(request, engine).shortest_call(tokens)
-            if text is not None:
+            shortest = _frontend_shortest(request, engine, tokenizer)
+            if shortest is not None:
+                text, call = shortest
                 margin = get_limits().budget_margin
-                call = tokens(text)
                 if max_tokens < call + margin:
                     raise ValueError(
                         f"max_tokens={max_tokens} cannot hold the shortest call this tool_choice "
@@ -127,11 +123,27 @@ def completer_of(request: ConstraintRequest, engine: str) -> CallCompleter:
     return CallCompleter(spec.dialect, [(t.name, t.parameters) for t in spec.tools])
 
 
-@memoize_small(lambda request, engine, budget: len(request.raw))
-def lookahead_of(request: ConstraintRequest, engine: str, budget: TurnBudget) -> int:
-    """:meth:`CallCompleter.lookahead` in the budget's tokens, cached by the constraint (one
-    vocabulary a process)."""
-    return completer_of(request, engine).lookahead(budget.tokens)
+@memoize_small(lambda request, engine, tokenizer: len(request.raw))
+def _frontend_shortest(request: ConstraintRequest, engine: str, tokenizer: Any) -> tuple[str, int] | None:
+    """The turn's shortest call in the served tokenizer's tokens, and their count."""
+
+    def tokens(text: str) -> int:
+        return len(tokenizer.encode(text, add_special_tokens=False))
+
+    text = completer_of(request, engine).shortest_call(tokens)
+    return None if text is None else (text, tokens(text))
+
+
+@memoize_small(lambda request, engine, speller: len(request.raw))
+def shortest_call_tokens(request: ConstraintRequest, engine: str, speller: Speller) -> str | None:
+    """The turn's shortest call measured in the speller's tokens (what the reserve counts)."""
+    return completer_of(request, engine).shortest_call(speller.tokens)
+
+
+@memoize_small(lambda request, engine, speller: len(request.raw))
+def lookahead_of(request: ConstraintRequest, engine: str, speller: Speller) -> int:
+    """:meth:`CallCompleter.lookahead` in the speller's tokens, cached by the constraint."""
+    return completer_of(request, engine).lookahead(speller.tokens)
 
 
 @memoize_small(lambda request, engine: len(request.raw))
@@ -318,10 +330,10 @@ class ConstraintCore:
             max_tokens=max_tokens, span_budget=span_budget, required=required,
             close=close, margin=limits.budget_margin, shortest_call=0,
         )  # fmt: skip
-        shortest = completer.shortest_call(budget.tokens)
+        shortest = shortest_call_tokens(state.request, self.engine, self.speller)
         if shortest is not None:
-            budget.reserve += budget.tokens(shortest + (MARK if close else ""))
-        budget.lookahead = lookahead_of(state.request, self.engine, budget)
+            budget.reserve += self.speller.tokens(shortest + (MARK if close else ""))
+        budget.lookahead = lookahead_of(state.request, self.engine, self.speller)
         state.budget = budget
         state.quiet_until = max_tokens - budget.alert
         if thinking is not None:
