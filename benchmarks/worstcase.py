@@ -138,13 +138,18 @@ def sweep(args: argparse.Namespace) -> dict[str, Any]:
     for n, tools in enumerate(sample_tool_sets(args.sets, seed=args.seed)):
         shapes[f"BFCL set {n}"] = [t.get("function", t) for t in tools]
     rows: list[dict[str, Any]] = []
+    refused: list[str] = []
     began = time.perf_counter()
     for engine in args.engines:
         core = ConstraintCore(lambda: tokenizer, len(tokenizer), engine=engine)
         for shape, tools in shapes.items():
             for mode in ("required", "named", "auto"):
                 choice = tools[0]["name"] if mode == "named" else mode
-                low = _reserve(core, tools, "required" if mode == "auto" else choice)
+                try:
+                    low = _reserve(core, tools, "required" if mode == "auto" else choice)
+                except ValueError as err:  # the engine refuses the shape at admission (HTTP 400)
+                    refused.append(f"{engine} {shape} {mode}: {err}")
+                    continue
                 for offset in range(0, 65, args.stride):
                     for k, sampler in enumerate(args.samplers):
                         variant = (offset // args.stride + k) % 3
@@ -170,7 +175,8 @@ def sweep(args: argparse.Namespace) -> dict[str, Any]:
                             }
                         )  # fmt: skip
         logging.info("%s done: %d runs, %.0f s", engine, len(rows), time.perf_counter() - began)
-    return _summary(args, rows, time.perf_counter() - began)
+        _write(args, _summary(args, rows, refused, time.perf_counter() - began))
+    return _summary(args, rows, refused, time.perf_counter() - began)
 
 
 def _rate(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -178,7 +184,9 @@ def _rate(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"kept": kept, "runs": len(rows), "rate": kept / len(rows) if rows else None}
 
 
-def _summary(args: argparse.Namespace, rows: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
+def _summary(
+    args: argparse.Namespace, rows: list[dict[str, Any]], refused: list[str], seconds: float
+) -> dict[str, Any]:
     by: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
         for key in ("shape", "offset", "engine", "mode", "sampler", "variant"):
@@ -197,6 +205,7 @@ def _summary(args: argparse.Namespace, rows: list[dict[str, Any]], seconds: floa
             "window_median": 1e6 * statistics.median(window) if window else None,
             "outside_median": 1e6 * statistics.median(other) if other else None,
         },
+        "refused_at_admission": refused,
         "failures": [r for r in rows if not r["kept"]],
         "rows": rows,
     }  # fmt: skip
@@ -226,6 +235,13 @@ def _chart(result: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _write(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """Written after each engine too, so a long sweep leaves what it has measured."""
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    _chart(result, args.out.with_suffix(".png"))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sets", type=int, default=4, help="BFCL tool sets besides the hand-written shapes")
@@ -242,9 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("hermes_vllm").setLevel(logging.CRITICAL)
     result = sweep(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
-    _chart(result, args.out.with_suffix(".png"))
+    _write(args, result)
     total = result["total"]
     print(f"{total['kept']}/{total['runs']} kept; step us in window / outside: {result['step_us']}")
     return 0 if total["kept"] == total["runs"] else 1
