@@ -142,3 +142,10 @@ def test_specdec_runs(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "specdec-mistral-v1.json").read_text())
     assert set(report["tokens_per_s"]) == {"hermes_vllm", "vllm_structural_tag", "unconstrained"}
     assert (tmp_path / "specdec-mistral-v1.png").stat().st_size > 0
+
+
+def test_worstcase_sweep_runs(tmp_path: Path) -> None:
+    args = ["--sets", "0", "--shapes", "1", "--stride", "64", "--engines", "xgrammar", "--samplers", "random"]
+    run("worstcase.py", *args, out=tmp_path / "worstcase.json")
+    result = json.loads((tmp_path / "worstcase.json").read_text())
+    assert result["total"]["runs"] == 6 and (tmp_path / "worstcase.png").exists()

@@ -21,7 +21,7 @@ from hermes_vllm.constraint import parse_constraint
 from hermes_vllm.dialect import get_dialect
 from hermes_vllm.grammar import ToolGrammarCompiler, ToolSchemaError
 from hermes_vllm.grammar.completion import CallCompleter
-from hermes_vllm.processor.core import shortest_call_text, validate_request
+from hermes_vllm.processor.core import completer_of, validate_request
 from hermes_vllm.schema import UnsatisfiableToolError, contradiction, normalize_tool, read_tools
 from hermes_vllm.testing.corpus import (
     UNSATISFIABLE_BFCL_TOOL,
@@ -174,7 +174,7 @@ def test_the_budget_reserve_ignores_a_left_out_tool() -> None:
     request = parse_constraint(constraint_args([BAD, GOOD], "required"))
     assert request is not None
     alone = CallCompleter(get_dialect("hermes"), [("good", normalize_tool(GOOD).parameters)])
-    assert shortest_call_text(request, "xgrammar") == alone.shortest_call() is not None
+    assert completer_of(request, "xgrammar").shortest_call() == alone.shortest_call() is not None
 
 
 def test_left_out_tools_are_logged_once_per_tool_set(caplog: pytest.LogCaptureFixture) -> None:

@@ -38,6 +38,9 @@ MARK = " [closed by max_tokens]"
 """Content written right after a call that the budget closed (its arguments may be truncated)."""
 _LONGEST = 64
 """Longest token spelling tried when spelling text (characters)."""
+_SPLIT_WINDOW = 4
+"""Tokens before a span's budget is spent from which no character may be left split (a split one
+is finished first): a character's continuation bytes take at most three tokens."""
 
 
 def as_latin1(text: str) -> str:
@@ -79,6 +82,13 @@ class Speller:
             out += self._ids.get(text[:k], ())
         return out
 
+    def tokens(self, text: str) -> int:
+        """``text`` (not latin-1) measured in this vocabulary's tokens (its bytes where it cannot
+        be spelled): how the completer compares completions."""
+        latin1 = as_latin1(text)
+        count = self.count(latin1)
+        return len(latin1) if count is None else count
+
     def count(self, text: str) -> int | None:
         """Tokens of the greedy spelling of ``text`` (latin-1); ``None`` if it cannot be spelled."""
         n, pos = 0, 0
@@ -103,6 +113,10 @@ class Plan:
     """No call may begin with the next token."""
     ban_spans: bool = False
     """No reasoning or hidden span may open with the next token (the turn's budget is spent)."""
+    whole_characters: bool = False
+    """The next token may not end inside a character: vLLM's thinking budget may force the
+    closing tag within the next few tokens, and a tag after a split character is invalid UTF-8
+    (the engines that check it refuse the tag, and the row would fail)."""
 
 
 NOTHING = Plan()
@@ -123,6 +137,8 @@ class TurnBudget:
         close: bool,
         margin: int,
         reserve: int,
+        lookahead: int = 0,
+        stop_reach: int = 0,
     ) -> None:
         self.dialect = dialect
         self.completer = completer
@@ -135,6 +151,14 @@ class TurnBudget:
         self.margin = margin
         self.reserve = reserve
         """Tokens a call needs at the least, plus the margin (:func:`call_reserve`)."""
+        self.lookahead = lookahead
+        """The most one token can add to a begun call's shortest completion (in tokens, over the
+        turn's tools): a call is steered once what is left is within this of its need plus the
+        margin, so that no token the mask allows can leave it unable to finish."""
+        self.stop_reach = stop_reach
+        self.recent = ""
+        """The last ``stop_reach`` characters written, clean points or not: where a stop string
+        may have begun."""
         self.text = ""
         """Text since the last clean point (latin-1)."""
         self.tail: Tail = read_tail("", dialect)
@@ -146,8 +170,6 @@ class TurnBudget:
         """Tokens the turn's closed reasoning/hidden spans held."""
         self.forcing = ""
         """Forced text not yet written."""
-        self.closed_calls = 0
-        """Calls this budget closed."""
         self._need = self.reserve
         self._utf8 = 0
         """Continuation bytes the text's last character still needs."""
@@ -162,13 +184,12 @@ class TurnBudget:
         allowed, the opening tags; under ``required``, where the grammar lets a tag's first
         characters go on only as a tag, each tag from its first character no call tag shares
         (``<th`` of ``<think>``: a ``<`` must stay free to open the call)."""
-        self._free_ends = {p.end for p in dialect.free_spans}
 
     @property
     def alert(self) -> int:
         """From this many tokens left on, the budget must look at every token (clean free text
         included); before it, clean free text without a tag's first byte changes nothing."""
-        return max(self.reserve, 2 * self._need) + self.margin + 1
+        return max(self.reserve, 2 * self._need) + self.margin + self.lookahead + 1
 
     @property
     def watch_from(self) -> int:
@@ -210,6 +231,8 @@ class TurnBudget:
         """Follow one sampled token (its bytes as latin-1)."""
         if self.forcing:
             self.forcing = self.forcing[len(piece) :] if self.forcing.startswith(piece) else ""
+        if self.stop_reach:
+            self.recent = (self.recent + piece)[-self.stop_reach :]
         if self._utf8 or not piece.isascii():
             self._utf8 = utf8_need(self._utf8, piece)
         tail = self.tail
@@ -254,10 +277,16 @@ class TurnBudget:
             assert span.tags is not None
             end = span.tags.end
             rest = end[partial_tag_suffix(self.text, (end,)) :] if tail.end_begun else end
-            spent = self.reasoning_left() == 0
-            if spent or (owed and left <= self.reserve + (self.speller.count(rest) or len(rest))):
-                # Inside a split character the tag would follow invalid UTF-8: one token later.
-                return NOTHING if self._utf8 and not tail.end_begun else self._start(rest)
+            ahead = self.reasoning_left()
+            if (ahead is not None and ahead <= 0) or (
+                owed and left <= self.reserve + (self.speller.count(rest) or len(rest))
+            ):
+                # Inside a split character the tag would follow invalid UTF-8: finish it first.
+                return self._start(("" if tail.end_begun else _finish_character(self.text)) + rest)
+            if ahead is not None and ahead <= _SPLIT_WINDOW and not tail.end_begun:
+                if self._utf8:
+                    return self._start(_finish_character(self.text))
+                return Plan(whole_characters=True)
             return NOTHING
         ban_spans = self.reasoning_left() == 0
         if owed:
@@ -276,7 +305,8 @@ class TurnBudget:
         # A random or weak model leaves split characters behind: finish the last one first, and
         # read any other as U+FFFD (inside a string, where the grammar let it through).
         fix = _finish_character(call)
-        completion = self.completer.complete((call + fix).encode("latin-1").decode("utf-8", errors="replace"))
+        written = (call + fix).encode("latin-1").decode("utf-8", errors="replace")
+        completion = self.completer.complete(written, self.speller.tokens)
         if completion is None:
             return NOTHING
         text = fix + as_latin1(completion + MARK)
@@ -284,9 +314,8 @@ class TurnBudget:
         if need is None:
             return NOTHING
         self._need = need
-        if left > need + self.margin:
+        if left > need + self.margin + self.lookahead:
             return NOTHING
-        self.closed_calls += 1
         return self._start(text)
 
     def _call_text(self) -> str:

@@ -52,6 +52,7 @@ from hermes_vllm.grammar.compiler import (
     PreparedTurn,
     ToolCallMatcher,
     prepare_constraint,
+    utf8_need,
 )
 from hermes_vllm.grammar.completion import CallCompleter
 from hermes_vllm.grammar.engines import get_engine_class
@@ -83,9 +84,16 @@ def validate_request(extra_args: Any, engine: str, max_tokens: int | None = None
     request = parse_constraint(extra_args)
     if request is not None:
         prepared = _validate(request, engine)
+        if prepared.spec.mode == "required":
+            unknown = completer_of(request, engine).unknown()
+            if unknown:
+                raise ValueError(
+                    f"{'; '.join(unknown)}: the call this tool_choice requires could not be "
+                    "promised within max_tokens; simplify that schema"
+                )
         speller = frontend_speller()
         if max_tokens is not None and prepared.spec.mode == "required" and speller is not None:
-            text = shortest_call_text(request, engine)
+            text = shortest_call_tokens(request, engine, speller)
             reserve = turn_reserve(request, engine, speller)
             if text is not None and max_tokens < reserve:
                 margin = get_limits().budget_margin
@@ -103,7 +111,9 @@ def turn_reserve(request: ConstraintRequest, engine: str, speller: Speller) -> i
     and the engine's budget count them."""
     required = _validate(request, engine).spec.mode == "required"
     close = request.budget.closes(required)
-    return call_reserve(shortest_call_text(request, engine), close, speller, get_limits().budget_margin)
+    return call_reserve(
+        shortest_call_tokens(request, engine, speller), close, speller, get_limits().budget_margin
+    )
 
 
 @memoize_small(lambda request, engine: len(request.raw))
@@ -123,10 +133,16 @@ def completer_of(request: ConstraintRequest, engine: str) -> CallCompleter:
     return CallCompleter(spec.dialect, [(t.name, t.parameters) for t in spec.tools])
 
 
-@memoize_small(lambda request, engine: len(request.raw))
-def shortest_call_text(request: ConstraintRequest, engine: str) -> str | None:
-    """The shortest whole call of a turn; ``None`` where its schemas defy construction."""
-    return completer_of(request, engine).shortest_call()
+@memoize_small(lambda request, engine, speller: len(request.raw))
+def shortest_call_tokens(request: ConstraintRequest, engine: str, speller: Speller) -> str | None:
+    """The turn's shortest call measured in the speller's tokens (what the reserve counts)."""
+    return completer_of(request, engine).shortest_call(speller.tokens)
+
+
+@memoize_small(lambda request, engine, speller: len(request.raw))
+def lookahead_of(request: ConstraintRequest, engine: str, speller: Speller) -> int:
+    """:meth:`CallCompleter.lookahead` in the speller's tokens, cached by the constraint."""
+    return completer_of(request, engine).lookahead(speller.tokens)
 
 
 PROMPT_TAIL = 256
@@ -203,6 +219,7 @@ class ConstraintCore:
         self._containing: dict[str, np.ndarray] = {}
         self._starting: dict[str, np.ndarray] = {}
         self._no_call: dict[str, np.ndarray] = {}
+        self._whole: np.ndarray | None = None
 
     @cached_property
     def compiler(self) -> ToolGrammarCompiler:
@@ -329,6 +346,7 @@ class ConstraintCore:
             max_tokens=max_tokens, reasoning_budget=options.turn_budget(thinking), required=required,
             close=options.closes(required), margin=get_limits().budget_margin,
             reserve=turn_reserve(state.request, self.engine, self.speller),
+            lookahead=lookahead_of(state.request, self.engine, self.speller),
         )  # fmt: skip
         state.budget = budget
         state.quiet_until = budget.watch_from
@@ -340,6 +358,7 @@ class ConstraintCore:
         )
         if thinking is not None:
             state.refused_in_calls = tuple(as_latin1(p.begin) for p in spec.dialect.reasoning)
+        budget.stop_reach = max(map(len, state.refused_stops + state.refused_in_calls), default=0)
 
     @staticmethod
     def _begin_bytes(dialect: Dialect) -> bytes:
@@ -591,13 +610,15 @@ class ConstraintCore:
             budget.forcing = ""
         if plan.ban_call:
             words &= self._no_call_words(state.dialect, words.size)
+        if plan.whole_characters:
+            words &= self._whole_words(words.size)
         refused = self._refused(state, budget)
         if plan.ban_spans:
             refused += budget.span_openings
         if refused:
             bits = words.view(np.uint32)
             before = bits.copy()
-            for token in self._completing(budget.text, refused):
+            for token in self._completing(budget.recent, refused):
                 bits[token >> 5] &= np.uint32(0xFFFFFFFF ^ (1 << (token & 31)))
             if not bits.any():  # the grammar itself spells the refused text here: it must pass
                 bits[:] = before
@@ -645,6 +666,15 @@ class ConstraintCore:
             padded[: allowed.size] = allowed
             self._no_call[begin] = np.packbits(padded, bitorder="little").view(np.int32)
         return self._no_call[begin]
+
+    def _whole_words(self, words: int) -> np.ndarray:
+        """Packed mask of the tokens that do not end inside a character (from a boundary)."""
+        if self._whole is None:
+            allowed = np.array([utf8_need(0, p) == 0 for p in self.compiler.vocab.latin1], dtype=bool)
+            padded = np.ones(words * 32, dtype=bool)
+            padded[: allowed.size] = allowed
+            self._whole = np.packbits(padded, bitorder="little").view(np.int32)
+        return self._whole
 
     def _allow_only(self, row: int, token_ids: Sequence[int]) -> None:
         words = self.bitmask[row].zero_().numpy()

@@ -1,0 +1,268 @@
+"""The budgets' "always" against a worst-case model, over schema shapes, engines and budgets.
+
+    python benchmarks/worstcase.py [--sets 4] [--stride 8] [--engines xgrammar llguidance outlines]
+                                   [--shapes N] [--samplers ...] [--tokenizer mistral-v1] [--out PATH.json]
+
+Every sampler of :mod:`hermes_vllm.testing.adversary` plays ``required``, named and ``auto`` turns
+over hand-written schemas of each shape the completer covers and ``--sets`` BFCL tool sets, at
+every ``--stride``-th ``max_tokens`` from the turn's reserve to reserve + 64, each run with one of:
+nothing else, ``stop=["\\n\\n"]``, a thinking budget of 6 with vLLM's own thinking budget played.
+Writes PATH.json (every outcome, the summary by shape and by budget, the core's cost per row per
+step inside and outside the steering window) and PATH.png (kept rate by shape and by budget).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from transformers import AutoTokenizer
+
+from hermes_vllm import constraint_args
+from hermes_vllm.processor.core import ConstraintCore
+from hermes_vllm.testing import tiny_model_path
+from hermes_vllm.testing.adversary import SAMPLERS, Scenario, run
+from hermes_vllm.testing.corpus import sample_tool_sets
+
+RESULTS = Path(__file__).parent / "results"
+THINKING = 6
+
+
+def _object(properties: dict[str, Any], required: list[str] | None = None, **more: Any) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "required": required or [], **more}
+
+
+SHAPES: dict[str, list[dict[str, Any]]] = {
+    "long optional key": [
+        {
+            "name": "get_weather",
+            "parameters": _object(
+                {
+                    "city": {"type": "string"},
+                    "include_historical_weather_data_for_comparison": {"type": "boolean"},
+                },
+                ["city"],
+            ),
+        }
+    ],
+    "small and large tool": [
+        {"name": "t", "parameters": _object({})},
+        {
+            "name": "create_calendar_event_with_many_fields",
+            "parameters": _object(
+                {
+                    k: {"type": "string", "minLength": 3}
+                    for k in ("title", "location", "description", "organizer")
+                },
+                ["title", "location", "description", "organizer"],
+            ),
+        },
+    ],
+    "free-form object": [
+        {
+            "name": "put",
+            "parameters": _object(
+                {"meta": {"type": "object", "additionalProperties": {"type": "string"}}}, ["meta"]
+            ),
+        }
+    ],
+    "fractional range": [
+        {
+            "name": "tune",
+            "parameters": _object(
+                {
+                    "p": {"type": "number", "minimum": 0.1, "maximum": 0.9},
+                    "q": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+                },
+                ["p", "q"],
+            ),
+        }
+    ],
+    "number above minimum": [
+        {"name": "bn", "parameters": _object({"n": {"type": "integer", "minimum": 1000}}, ["n"])}
+    ],
+    "minProperties": [
+        {
+            "name": "mp",
+            "parameters": _object({k: {"type": "integer"} for k in "abc"}, minProperties=2),
+        }
+    ],
+    "pattern": [
+        {
+            "name": "book",
+            "parameters": _object({"code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"}}, ["code"]),
+        }
+    ],
+    "nested arrays and anyOf": [
+        {
+            "name": "plan",
+            "parameters": _object(
+                {
+                    "steps": {
+                        "type": "array",
+                        "minItems": 1,
+                        "items": _object(
+                            {
+                                "what": {"anyOf": [{"type": "string", "minLength": 4}, {"type": "integer"}]},
+                                "tags": {"type": "array", "items": {"enum": ["urgent", "later"]}},
+                            },
+                            ["what"],
+                        ),
+                    }
+                },
+                ["steps"],
+            ),
+        }
+    ],
+}
+
+
+def _reserve(core: ConstraintCore, tools: list[dict[str, Any]], choice: Any) -> int:
+    named = choice if choice in ("required", "auto") else {"type": "function", "function": {"name": choice}}
+    args = constraint_args([{"type": "function", "function": t} for t in tools], named)
+    state = core.admit(args, [], max_tokens=4096)
+    assert state is not None and state.budget is not None
+    return state.budget.reserve
+
+
+def sweep(args: argparse.Namespace) -> dict[str, Any]:
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_path(args.tokenizer)))
+    shapes = dict(list(SHAPES.items())[: args.shapes])
+    for n, tools in enumerate(sample_tool_sets(args.sets, seed=args.seed)):
+        shapes[f"BFCL set {n}"] = [t.get("function", t) for t in tools]
+    rows: list[dict[str, Any]] = []
+    refused: list[str] = []
+    began = time.perf_counter()
+    for engine in args.engines:
+        core = ConstraintCore(lambda: tokenizer, len(tokenizer), engine=engine)
+        for shape, tools in shapes.items():
+            for mode in ("required", "named", "auto"):
+                choice = tools[0]["name"] if mode == "named" else mode
+                try:
+                    low = _reserve(core, tools, "required" if mode == "auto" else choice)
+                except ValueError as err:  # the engine refuses the shape at admission (HTTP 400)
+                    refused.append(f"{engine} {shape} {mode}: {err}")
+                    continue
+                for offset in range(0, 65, args.stride):
+                    for k, sampler in enumerate(args.samplers):
+                        variant = (offset // args.stride + k) % 3
+                        scenario = Scenario(
+                            tools,
+                            choice,
+                            low + offset,
+                            stop=("\n\n",) if variant == 1 else (),
+                            thinking_budget=THINKING if variant == 2 else None,
+                            vllm_thinking=variant == 2,
+                        )
+                        o = run(core, tokenizer, scenario, sampler, seed=args.seed + offset)
+                        rows.append(
+                            {
+                                "engine": engine, "shape": shape, "mode": mode, "sampler": sampler,
+                                "offset": offset, "max_tokens": low + offset,
+                                "variant": ("plain", "stop", "thinking")[variant],
+                                "kept": o.kept(scenario.thinking_budget), "calls": o.calls, "cut": o.cut,
+                                "invalid": o.invalid, "failed": o.failed, "spans": o.spans,
+                                "window_steps": o.window_steps, "window_s": o.window_seconds,
+                                "other_steps": o.other_steps, "other_s": o.other_seconds,
+                                "text": o.text if not o.kept(scenario.thinking_budget) else "",
+                            }
+                        )  # fmt: skip
+        logging.info("%s done: %d runs, %.0f s", engine, len(rows), time.perf_counter() - began)
+        _write(args, _summary(args, rows, refused, time.perf_counter() - began))
+    return _summary(args, rows, refused, time.perf_counter() - began)
+
+
+def _rate(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    kept = sum(r["kept"] for r in rows)
+    return {"kept": kept, "runs": len(rows), "rate": kept / len(rows) if rows else None}
+
+
+def _summary(
+    args: argparse.Namespace, rows: list[dict[str, Any]], refused: list[str], seconds: float
+) -> dict[str, Any]:
+    by: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        for key in ("shape", "offset", "engine", "mode", "sampler", "variant"):
+            by[key][str(r[key])].append(r)
+    window = [r["window_s"] / r["window_steps"] for r in rows if r["window_steps"]]
+    other = [r["other_s"] / r["other_steps"] for r in rows if r["other_steps"]]
+    return {
+        "meta": {
+            "tokenizer": args.tokenizer, "engines": args.engines, "sets": args.sets, "stride": args.stride,
+            "samplers": args.samplers, "thinking_budget": THINKING, "seconds": round(seconds, 1),
+            "command": " ".join(sys.argv),
+        },
+        "total": _rate(rows),
+        "by": {key: {k: _rate(v) for k, v in groups.items()} for key, groups in by.items()},
+        "step_us": {
+            "window_median": 1e6 * statistics.median(window) if window else None,
+            "outside_median": 1e6 * statistics.median(other) if other else None,
+        },
+        "refused_at_admission": refused,
+        "failures": [r for r in rows if not r["kept"]],
+        "rows": rows,
+    }  # fmt: skip
+
+
+def _chart(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5), gridspec_kw={"width_ratios": [3, 2]})
+    shapes = result["by"]["shape"]
+    left.barh(list(shapes), [100 * v["rate"] for v in shapes.values()], color="#3a7")
+    left.set_xlabel("% of runs kept (owed call complete and valid, spans within budget, no failed row)")
+    left.set_xlim(0, 100)
+    left.invert_yaxis()
+    offsets = result["by"]["offset"]
+    right.plot([int(k) for k in offsets], [100 * v["rate"] for v in offsets.values()], marker="o")
+    right.set_xlabel("max_tokens - reserve")
+    right.set_ylim(0, 101)
+    total = result["total"]
+    fig.suptitle(
+        f"Worst-case samplers: {total['kept']}/{total['runs']} kept ({', '.join(result['meta']['engines'])})"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _write(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """Written after each engine too, so a long sweep leaves what it has measured."""
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    _chart(result, args.out.with_suffix(".png"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sets", type=int, default=4, help="BFCL tool sets besides the hand-written shapes")
+    parser.add_argument("--stride", type=int, default=8, help="step between the max_tokens tried")
+    parser.add_argument("--engines", nargs="+", default=["xgrammar", "llguidance", "outlines"])
+    parser.add_argument("--tokenizer", default="mistral-v1")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--shapes", type=int, default=len(SHAPES), help="hand-written shapes played (first N)"
+    )
+    parser.add_argument("--samplers", nargs="+", default=list(SAMPLERS), choices=SAMPLERS)
+    parser.add_argument("--out", type=Path, default=RESULTS / "worstcase.json")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("hermes_vllm").setLevel(logging.CRITICAL)
+    result = sweep(args)
+    _write(args, result)
+    total = result["total"]
+    print(f"{total['kept']}/{total['runs']} kept; step us in window / outside: {result['step_us']}")
+    return 0 if total["kept"] == total["runs"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,377 @@
+"""A worst-case model for the token budgets: samplers that only ever pick what the mask allows.
+
+The budgets promise that a ``required`` / named reply always holds its call, complete and valid,
+whatever the model writes, as long as it writes only what the mask allows. A random model rarely
+finds the corners; these samplers look for them on purpose. Each drives a
+:class:`~hermes_vllm.processor.core.ConstraintCore` one token at a time (no vLLM engine: the core
+is what masks, so a run takes milliseconds), and each picks among the tokens the step's mask
+allows:
+
+- ``random``: uniformly (seeded);
+- ``longest``: opens the call at once, then writes the token after which the call's shortest
+  completion is longest, in this vocabulary's tokens;
+- ``late``: opens the call at once, then never closes what it may leave open: opens optional
+  properties and items where it may, keeps strings and numbers going, takes the longest token;
+- ``lead_bytes``: opens a reasoning span where allowed, then writes lone UTF-8 lead bytes
+  wherever allowed (characters split at every step);
+- ``reopen``: opens a reasoning span whenever allowed and never closes one itself.
+
+Except for ``random``, no sampler ends the reply (a stop token) or closes a reasoning span while
+anything else is allowed: the budget must do it. With ``vllm_thinking`` the run also plays vLLM's
+own thinking budget, which forces the closing tag over any mask once a span holds the budget's
+tokens (a token the grammar refuses then fails the row, as it would in vLLM).
+
+:func:`run` reports per reply whether the owed call arrived complete and schema-valid, each
+reasoning span's length against its budget, and whether the row failed.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonschema
+import numpy as np
+import torch
+
+from hermes_vllm import constraint_args
+from hermes_vllm.dialect import Dialect
+from hermes_vllm.processor.core import ConstraintCore, RowState
+from hermes_vllm.schema import normalize_tools
+from hermes_vllm.spans import read_tail, split_spans
+from hermes_vllm.testing.budget_scenarios import span_token_counts
+
+SAMPLERS = ("random", "longest", "late", "lead_bytes", "reopen")
+"""The samplers :func:`run` knows, by name."""
+_CANDIDATES = 24
+"""Allowed tokens ``longest`` weighs at a step (a random draw, the structural ones always)."""
+_CLOSERS = frozenset('"}]')
+_OPENERS = frozenset([",", ',"', '"', "{", '{"', "[", "-", "0", "1", "9", "\\"])
+"""Pieces ``longest`` always weighs where allowed: what opens more JSON."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One request as the adversary plays it."""
+
+    tools: Sequence[dict[str, Any]]
+    """OpenAI-style tools (``{"type": "function", "function": {...}}``) or bare functions."""
+    choice: Any = "required"
+    """``"required"``, ``"auto"``, or a tool's name (named)."""
+    max_tokens: int = 200
+    stop: tuple[str, ...] = ()
+    thinking_budget: int | None = None
+    """vLLM's ``thinking_token_budget``."""
+    vllm_thinking: bool = False
+    """Play vLLM's own thinking budget too (it forces the closing tag over any mask)."""
+
+
+@dataclass
+class Outcome:
+    """What one reply held."""
+
+    sampler: str
+    text: str
+    """The reply as decoded (a stop string and what follows cut off, as vLLM returns it)."""
+    tokens: int
+    owed: bool
+    """The turn owed a call (``required`` / named)."""
+    calls: int = 0
+    """Complete calls, each valid for its tool."""
+    invalid: list[str] = field(default_factory=list)
+    """Why a closed call was not valid (or not the named tool)."""
+    cut: bool = False
+    """A call was begun and never closed."""
+    spans: list[int] = field(default_factory=list)
+    """Tokens inside each reasoning span, counted as vLLM counts them."""
+    failed: str | None = None
+    """The row failed: the engine refused a token it was given."""
+    ended_by: str = "max_tokens"
+    window_steps: int = 0
+    """Steps taken with the row inside its budget's window (what is left within its alert)."""
+    window_seconds: float = 0.0
+    """Time the core spent on those steps (advance and mask, one row)."""
+    other_steps: int = 0
+    other_seconds: float = 0.0
+
+    def kept(self, budget: int | None) -> bool:
+        """The budgets' promise held: the owed call is there, every call is valid, no span ran
+        over ``budget``, the row did not fail, and (owed) no call was left cut."""
+        spans_ok = budget is None or all(n <= budget for n in self.spans)
+        owed_ok = not self.owed or (self.calls > 0 and not self.cut)
+        return owed_ok and spans_ok and not self.invalid and self.failed is None
+
+
+@dataclass
+class _View:
+    """What a sampler sees at a step."""
+
+    allowed: np.ndarray
+    text: str
+    """The reply so far (latin-1, one char a byte)."""
+    state: RowState
+    core: ConstraintCore
+    rng: random.Random
+
+
+Sampler = Callable[[_View], int]
+
+
+def _tools(tools: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [t if "function" in t else {"type": "function", "function": t} for t in tools]
+
+
+def _call_text(text: str, dialect: Dialect) -> str | None:
+    """The call the text ends inside (from its opening tag on), if any."""
+    tail = read_tail(text, dialect)
+    if tail.open is not None and tail.open.kind == "call":
+        return text[tail.open.start :]
+    return None
+
+
+def _need(view: _View, extra: str) -> int:
+    """The shortest completion, in tokens, of the call the text ends inside after ``extra``;
+    a large number where none is known (the adversary then prefers it)."""
+    budget = view.state.budget
+    assert budget is not None
+    call = _call_text(view.text + extra, view.state.dialect)
+    if call is None:
+        return -1
+    decoded = call.encode("latin-1").decode("utf-8", errors="replace")
+    completion = budget.completer.complete(decoded)
+    if completion is None:
+        return 1 << 20
+    count = budget.speller.count(completion.encode("utf-8").decode("latin-1"))
+    return 1 << 20 if count is None else count
+
+
+@dataclass(frozen=True)
+class _Marks:
+    """Per-token facts the samplers rank by, one array each over the vocabulary."""
+
+    tags: np.ndarray
+    """Holds a tag of the dialect (opening or closing)."""
+    score: np.ndarray
+    """``late``'s preference: a comma counts 2, holding no closer 1."""
+    length: np.ndarray
+    lead: np.ndarray
+    """Ends with a UTF-8 lead byte."""
+
+
+_marks: dict[tuple[int, str], _Marks] = {}
+
+
+def _marks_of(view: _View) -> _Marks:
+    dialect = view.state.dialect
+    key = (id(view.core), dialect.name)
+    if key not in _marks:
+        latin1 = view.core.compiler.vocab.latin1
+        tags = [p.begin for p in (dialect.tool_call, *dialect.free_spans)] + [
+            p.end for p in dialect.free_spans
+        ]
+        _marks[key] = _Marks(
+            np.array([any(g in p for g in tags) for p in latin1]),
+            np.array([("," in p) * 2 + (not _CLOSERS & set(p)) for p in latin1]),
+            np.array([len(p) for p in latin1]),
+            np.array([bool(p) and 0xC2 <= ord(p[-1]) <= 0xF4 for p in latin1]),
+        )
+    return _marks[key]
+
+
+def _plain(view: _View) -> np.ndarray:
+    """Allowed tokens that neither end the reply nor open or close a tag (all allowed if none)."""
+    marks = _marks_of(view)
+    allowed = view.allowed[view.allowed < len(marks.tags)]
+    keep = allowed[~marks.tags[allowed] & ~np.isin(allowed, view.state.stop_ids)]
+    return keep if keep.size else view.allowed
+
+
+def _pick(view: _View, pool: np.ndarray) -> int:
+    return int(pool[view.rng.randrange(len(pool))])
+
+
+def _random(view: _View) -> int:
+    return _pick(view, view.allowed)
+
+
+def _call_tag(view: _View) -> int | None:
+    """The allowed token that opens a call, if one does (outside a call)."""
+    if _call_text(view.text, view.state.dialect) is not None:
+        return None
+    latin1 = view.core.compiler.vocab.latin1
+    begin = view.state.dialect.tool_call.begin
+    tags = [t for t in view.allowed.tolist() if latin1[t] == begin]
+    return tags[0] if tags else None
+
+
+def _longest(view: _View) -> int:
+    tag = _call_tag(view)
+    if tag is not None:
+        return tag
+    pool = _plain(view)
+    if _call_text(view.text, view.state.dialect) is None or len(pool) == 1:
+        return _pick(view, pool)
+    latin1 = view.core.compiler.vocab.latin1
+    ids: list[int] = pool.tolist()
+    structural = [t for t in ids if any(c in latin1[t] for c in ',"{[:-0123456789')]
+    sample = view.rng.sample(structural, min(len(structural), _CANDIDATES))
+    sample += view.rng.sample(ids, min(len(ids), _CANDIDATES // 3))
+    sample += [t for t in ids if latin1[t] in _OPENERS]
+    return max(sample, key=lambda t: (_need(view, latin1[t]), len(latin1[t])))
+
+
+def _late(view: _View) -> int:
+    tag = _call_tag(view)
+    if tag is not None:
+        return tag
+    pool = _plain(view)
+    marks = _marks_of(view)
+    valid = pool[pool < len(marks.score)]
+    if not valid.size:
+        return _pick(view, pool)
+    rank = marks.score[valid] * 1000 + marks.length[valid]
+    return _pick(view, valid[rank == rank.max()])
+
+
+def _reasoning_tag(view: _View) -> int | None:
+    """The allowed token that opens a reasoning span, if one does (outside every span)."""
+    tail = read_tail(view.text, view.state.dialect)
+    if tail.open is not None or tail.begun is not None:
+        return None
+    latin1 = view.core.compiler.vocab.latin1
+    opens = [p.begin for p in view.state.dialect.reasoning]
+    begins = [t for t in view.allowed.tolist() if latin1[t] in opens]
+    return begins[0] if begins else None
+
+
+def _lead_bytes(view: _View) -> int:
+    tag = _reasoning_tag(view)
+    if tag is not None:
+        return tag
+    pool = _plain(view)
+    marks = _marks_of(view)
+    valid = pool[pool < len(marks.lead)]
+    leads = valid[marks.lead[valid]]
+    return _pick(view, leads if leads.size else pool)
+
+
+def _reopen(view: _View) -> int:
+    tag = _reasoning_tag(view)
+    return tag if tag is not None else _pick(view, _plain(view))
+
+
+_SAMPLERS: dict[str, Sampler] = {
+    "random": _random,
+    "longest": _longest,
+    "late": _late,
+    "lead_bytes": _lead_bytes,
+    "reopen": _reopen,
+}
+
+
+def _allowed(logits: torch.Tensor) -> np.ndarray:
+    return np.flatnonzero(torch.isfinite(logits[0]).numpy())
+
+
+def run(core: ConstraintCore, tokenizer: Any, scenario: Scenario, sampler: str, seed: int = 0) -> Outcome:
+    """Play one reply with ``sampler`` against ``core`` (built on ``tokenizer``'s vocabulary)."""
+    tools = _tools(scenario.tools)
+    choice = scenario.choice
+    if choice not in ("required", "auto"):
+        choice = {"type": "function", "function": {"name": choice}}
+    state = core.admit(
+        constraint_args(tools, choice),
+        [],
+        max_tokens=scenario.max_tokens,
+        thinking_budget=scenario.thinking_budget,
+        stop=scenario.stop,
+    )
+    assert state is not None
+    latin1 = core.compiler.vocab.latin1
+    dialect = state.dialect
+    begin_ids = {i for i, p in enumerate(latin1) if p in [q.begin for q in dialect.reasoning]}
+    end_id = latin1.index(dialect.reasoning[0].end) if dialect.reasoning else -1
+    pick = _SAMPLERS[sampler]
+    rng = random.Random(seed)
+    outcome = Outcome(sampler, "", 0, owed=scenario.choice != "auto")
+    out: list[int] = []
+    text = ""
+    span: int | None = None  # vLLM's count in the open span
+    new: list[int] = []
+    while len(out) < scenario.max_tokens:
+        logits = torch.zeros((1, core.vocab_size))
+        budget = state.budget
+        window = budget is not None and budget.max_tokens - state.consumed - len(new) <= budget.alert
+        began = time.perf_counter()
+        core.step(logits, [(0, state, new)])
+        spent = time.perf_counter() - began
+        if window:
+            outcome.window_steps += 1
+            outcome.window_seconds += spent
+        else:
+            outcome.other_steps += 1
+            outcome.other_seconds += spent
+        if state.failed is not None:
+            outcome.failed = state.failed
+            break
+        allowed = _allowed(logits)
+        if scenario.vllm_thinking and span is not None and span >= (scenario.thinking_budget or 0):
+            token = end_id  # vLLM forces it, whatever the mask says
+        else:
+            token = pick(_View(allowed, text, state, core, rng))
+        out.append(token)
+        new = [token]
+        if token in state.stop_ids:
+            outcome.ended_by = "stop token"
+            break
+        piece = latin1[token] if 0 <= token < len(latin1) else ""
+        text += piece
+        if span is None and token in begin_ids:
+            span = 0
+        elif span is not None:
+            span = None if token == end_id else span + 1
+        decoded = text.encode("latin-1").decode("utf-8", errors="replace")
+        hit = [decoded.index(s) for s in scenario.stop if s and s in decoded]
+        if hit:
+            outcome.ended_by = "stop string"
+            text = decoded[: min(hit)].encode("utf-8").decode("latin-1")
+            break
+    if state.failed is None and new:
+        core.advance(state, new)  # the last token reaches the engine (vLLM feeds it too)
+        outcome.failed = state.failed
+    outcome.tokens = len(out)
+    outcome.text = text.encode("latin-1").decode("utf-8", errors="replace")
+    _judge(outcome, tools, scenario, dialect, tokenizer, out)
+    return outcome
+
+
+def _judge(
+    outcome: Outcome,
+    tools: list[dict[str, Any]],
+    scenario: Scenario,
+    dialect: Dialect,
+    tokenizer: Any,
+    token_ids: Sequence[int],
+) -> None:
+    schemas = {s.name: s.parameters for s in normalize_tools(tools)}
+    named = scenario.choice if scenario.choice not in ("required", "auto") else None
+    for span in split_spans(outcome.text, dialect, strict=True):
+        if span.kind != "call":
+            continue
+        if not span.closed:
+            outcome.cut = True
+            continue
+        try:
+            payload = json.loads(span.body)
+            if named is not None and payload["name"] != named:
+                raise ValueError(f"called {payload['name']!r}, not the named {named!r}")
+            jsonschema.validate(payload["arguments"], schemas[payload["name"]])
+        except (ValueError, KeyError, TypeError, jsonschema.ValidationError) as err:
+            outcome.invalid.append(f"{type(err).__name__}: {str(err)[:200]}")
+            continue
+        outcome.calls += 1
+    outcome.spans = span_token_counts(token_ids, tokenizer)
