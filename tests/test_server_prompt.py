@@ -25,6 +25,8 @@ from hermes_vllm.testing import tiny_model_path
 from hermes_vllm.testing.bias import call_bias
 from hermes_vllm.testing.server import CPU_ARGS, CPU_ENV, openai_server
 
+pytestmark = pytest.mark.server
+
 TEMPLATE = Path(__file__).parent / "templates" / "qwen3_thinking_2507.jinja"
 ADD = {
     "type": "object",
