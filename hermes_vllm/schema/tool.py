@@ -17,6 +17,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from hermes_vllm.memo import memoize_small
+from hermes_vllm.schema.metaschema import passes_metaschema
 from hermes_vllm.schema.rewrite import (
     make_explicit,
     object_root,
@@ -104,9 +105,15 @@ def _function_of(raw: JSON, index: int) -> Mapping[str, JSON]:
 
 @memoize_small(len)
 def _metaschema_problem(params_json: str) -> tuple[str, str] | None:
-    """(path, message) of the first metaschema violation, memoised: the check costs milliseconds."""
+    """(path, message) of the first metaschema violation, memoised: the check costs milliseconds.
+
+    The screen (:mod:`.metaschema`) passes the schemas tools send in microseconds; jsonschema's
+    own check runs where it does not, and words the error."""
+    schema = json.loads(params_json)
+    if passes_metaschema(schema):
+        return None
     try:
-        Draft202012Validator.check_schema(json.loads(params_json))
+        Draft202012Validator.check_schema(schema)
     except SchemaError as err:
         return pointer(("parameters", *err.absolute_path)), err.message
     return None
