@@ -10,9 +10,8 @@ PYTEST_ARGS ?=
 # Test workers (pytest-xdist), one per core of the 2-core CI machine; JOBS=0 runs in one process.
 # --dist loadfile keeps each file on one worker, so a module's server or engine starts once; at most
 # two files' servers then run at a time (one server with its engine core is about 2 GB resident).
-# Files go out in collection order, where tests/conftest.py puts those with servers or engines first.
 JOBS ?= 2
-XDIST = -n $(JOBS) --dist loadfile --no-loadscope-reorder
+XDIST = -n $(JOBS) --dist loadfile
 # Extra demo flags, e.g. DEMO_ARGS='--requests 16 --max-tokens 1000' (python -m hermes_vllm.demo --help).
 DEMO_ARGS ?=
 

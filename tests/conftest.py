@@ -68,21 +68,3 @@ def tiny_model_qwen25() -> Path:
 def tiny_model_llama31() -> Path:
     """Tiny random Llama with Llama 3.1's tokenizer, Hermes 3's tags on special slots (unverified)."""
     return tiny_model_path("llama3.1")
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under ``pytest -n`` (``make test``), files that start servers or engines are handed out first.
-
-    xdist's ``--dist loadfile`` gives out whole files in collection order (``make`` passes
-    ``--no-loadscope-reorder``; by default it would order them by test count, which puts the
-    slowest files, those with few but long server tests, last and leaves one worker idle while
-    the other runs them). Longest first keeps the two workers' finish times close. A run without
-    workers keeps its order.
-    """
-    if not hasattr(config, "workerinput"):
-        return
-    heavy = {
-        item.path for item in items if item.get_closest_marker("server") or item.get_closest_marker("engine")
-    }
-    items.sort(key=lambda item: item.path not in heavy)  # stable: files and their tests keep their order
