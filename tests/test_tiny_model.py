@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import pytest
 
 from hermes_vllm.formats.chat_template import chat_template
+from hermes_vllm.testing import tiny_model
 from hermes_vllm.testing.registry_tokenizers import (
     LLAMA3_PATTERN,
     LLAMA_WHEEL,
@@ -98,3 +100,35 @@ def test_cli_builds_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> No
     assert (tmp_path / "model.safetensors").is_file()
     main([str(tmp_path), "--tokenizer", "qwen3"])
     assert "already built" in caplog.text
+
+
+def _fake_build(path: Path, tokenizer: str, *, seed: int = 0) -> Path:
+    """What ``is_built`` reads, without the model (the test is about where the build goes)."""
+    path.mkdir(parents=True)
+    meta = {"version": tiny_model.BUILD_VERSION, "tokenizer": tokenizer, "seed": seed}
+    (path / "hermes_vllm_build.json").write_text(json.dumps(meta), encoding="utf-8")
+    return path
+
+
+def test_a_build_is_published_whole_and_a_concurrent_one_wins_cleanly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``pytest -n 2`` on a clean machine: both workers build the same model at once. Neither may
+    write where the other reads, and the one that finishes second keeps the first one's build."""
+    out, raced_out = tmp_path / "tiny", tmp_path / "tiny-raced"
+
+    def first(path: Path, tokenizer: str) -> Path:
+        assert path != out and not out.exists(), "the build must not be written where readers look"
+        return _fake_build(path, tokenizer)
+
+    monkeypatch.setattr(tiny_model, "build_tiny_model", first)
+    assert tiny_model.ensure_tiny_model(out, "mistral-v1") == out and tiny_model.is_built(out, "mistral-v1")
+
+    def raced(path: Path, tokenizer: str) -> Path:
+        _fake_build(tmp_path / "rival", tokenizer, seed=1).rename(raced_out)  # the other worker's, first
+        return _fake_build(path, tokenizer)
+
+    monkeypatch.setattr(tiny_model, "build_tiny_model", raced)
+    assert tiny_model.ensure_tiny_model(raced_out, "mistral-v1") == raced_out
+    assert json.loads((raced_out / "hermes_vllm_build.json").read_text())["seed"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["tiny", "tiny-raced"], "staging folders are removed"

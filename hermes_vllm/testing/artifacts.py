@@ -106,8 +106,12 @@ def unpacked(name: str, build: Callable[[Path], None]) -> Path:
         staging = Path(tmp)
         build(staging)
         (staging / ".complete").write_text("", encoding="utf-8")
-        if not (out / ".complete").is_file():  # another process may have finished first
-            shutil.rmtree(out, ignore_errors=True)
+        try:
+            staging.rename(out)  # fails if another process has renamed its build in first
+        except OSError:
+            if (out / ".complete").is_file():
+                return out
+            shutil.rmtree(out)  # left by an older layout; never a half-built one
             staging.rename(out)
-            staging.mkdir()  # for TemporaryDirectory's clean-up
+        staging.mkdir()  # for TemporaryDirectory's clean-up
     return out

@@ -17,6 +17,7 @@ import argparse
 import json
 import logging
 import shutil
+import tempfile
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -180,10 +181,26 @@ def is_built(out: Path, tokenizer: TokenizerName = "mistral-v1") -> bool:
 
 
 def ensure_tiny_model(out: Path, tokenizer: TokenizerName = "mistral-v1") -> Path:
-    """Build the tiny model into ``out`` unless a current build is already there."""
-    if not is_built(out, tokenizer):
-        build_tiny_model(out, tokenizer)
-    return Path(out)
+    """Build the tiny model into ``out`` unless a current build is already there.
+
+    The build goes to a staging folder beside ``out`` that is renamed into place when complete,
+    so concurrent processes (``pytest -n``'s workers on a clean machine) never read, or write
+    over, a half-written model: the first rename wins and the others' builds are dropped.
+    """
+    out = Path(out)
+    if is_built(out, tokenizer):
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}-", dir=out.parent) as tmp:
+        staged = build_tiny_model(Path(tmp) / "model", tokenizer)
+        if not is_built(out, tokenizer):
+            shutil.rmtree(out, ignore_errors=True)  # a build of an older layout
+            try:
+                staged.rename(out)
+            except OSError:  # another process renamed its build in first
+                if not is_built(out, tokenizer):
+                    raise
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
