@@ -16,6 +16,12 @@ allows:
   wherever allowed (characters split at every step);
 - ``reopen``: opens a reasoning span whenever allowed and never closes one itself.
 
+Each reply is played through a *driver*: the core itself (:class:`CoreDriver`, what the sweep
+uses), or one of the two runner adapters fed as vLLM feeds them (:class:`V1Driver`: a
+``BatchUpdate`` and the output list it holds by reference; :class:`V2Driver`: the V2 runner's
+slot buffers of :mod:`hermes_vllm.testing.v2_runner`), so the adapters' bookkeeping (tokens
+read back, rows admitted from ``SamplingParams``) is under the same worst case.
+
 Except for ``random``, no sampler ends the reply (a stop token) or closes a reasoning span while
 anything else is allowed: the budget must do it. With ``vllm_thinking`` the run also plays vLLM's
 own thinking budget, which forces the closing tag over any mask once a span holds the budget's
@@ -32,7 +38,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import jsonschema
 import numpy as np
@@ -44,6 +50,9 @@ from hermes_vllm.processor.core import ConstraintCore, RowState
 from hermes_vllm.schema import normalize_tools
 from hermes_vllm.spans import read_tail, split_spans
 from hermes_vllm.testing.budget_scenarios import span_token_counts
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
 
 SAMPLERS = ("random", "longest", "late", "lead_bytes", "reopen")
 """The samplers :func:`run` knows, by name."""
@@ -277,21 +286,135 @@ def _allowed(logits: torch.Tensor) -> np.ndarray:
     return np.flatnonzero(torch.isfinite(logits[0]).numpy())
 
 
-def run(core: ConstraintCore, tokenizer: Any, scenario: Scenario, sampler: str, seed: int = 0) -> Outcome:
-    """Play one reply with ``sampler`` against ``core`` (built on ``tokenizer``'s vocabulary)."""
+class Driver(Protocol):
+    """One row of a batch, played one token a step through some entry point to the core."""
+
+    core: ConstraintCore
+
+    def admit(self, extra_args: Any, scenario: Scenario) -> RowState:
+        """Admit the request; its row's state."""
+        ...
+
+    def step(self, new: Sequence[int]) -> torch.Tensor:
+        """Hand over the tokens committed since the last step; the next step's masked logits
+        (one row, the core's width). An empty ``new`` is the first step."""
+        ...
+
+
+class CoreDriver:
+    """The core alone: :meth:`ConstraintCore.admit` and :meth:`ConstraintCore.step`."""
+
+    def __init__(self, core: ConstraintCore) -> None:
+        self.core = core
+        self._state: RowState | None = None
+
+    def admit(self, extra_args: Any, scenario: Scenario) -> RowState:
+        state = self.core.admit(
+            extra_args,
+            [],
+            max_tokens=scenario.max_tokens,
+            thinking_budget=scenario.thinking_budget,
+            stop=scenario.stop,
+        )
+        assert state is not None
+        self._state = state
+        return state
+
+    def step(self, new: Sequence[int]) -> torch.Tensor:
+        assert self._state is not None
+        logits = torch.zeros((1, self.core.vocab_size))
+        self.core.step(logits, [(0, self._state, new)])
+        return logits
+
+
+def _sampling_params(extra_args: Any, scenario: Scenario) -> Any:
+    from vllm import SamplingParams
+
+    return SamplingParams(
+        max_tokens=scenario.max_tokens,
+        extra_args=extra_args,
+        stop=list(scenario.stop) or None,
+        thinking_token_budget=scenario.thinking_budget,
+    )
+
+
+class V1Driver:
+    """The V1 adapter (:class:`~hermes_vllm.processor.v1.V1ToolCallLogitsProcessor`): the row is
+    added by a ``BatchUpdate`` holding the output list, which the step appends to, as vLLM does.
+
+    The adapter is handed ``core`` in place of the one it builds from ``vllm_config``, so that a
+    run through it plays the same grammar engine as a run through the core.
+    """
+
+    def __init__(self, core: ConstraintCore, vllm_config: VllmConfig) -> None:
+        from hermes_vllm.processor.v1 import V1ToolCallLogitsProcessor
+
+        self.core = core
+        self.proc = V1ToolCallLogitsProcessor(vllm_config, torch.device("cpu"), False)
+        self.proc.core = core
+        self._output: list[int] = []
+
+    def admit(self, extra_args: Any, scenario: Scenario) -> RowState:
+        from vllm.v1.sample.logits_processor import BatchUpdate
+
+        self._output = []
+        added = [(0, _sampling_params(extra_args, scenario), [], self._output)]
+        self.proc.update_state(BatchUpdate(1, [], added, []))  # row 0's earlier reply is replaced
+        return self.proc.rows[0][0]
+
+    def step(self, new: Sequence[int]) -> torch.Tensor:
+        self._output.extend(new)
+        self.proc.update_state(None)
+        logits = torch.zeros((1, self.core.vocab_size))
+        return self.proc.apply(logits)
+
+
+class V2Driver:
+    """The V2 adapter (:class:`~hermes_vllm.processor.ToolCallLogitsProcessor`) on the V2
+    runner's own buffers (:class:`~hermes_vllm.testing.v2_runner.V2Runner`): each reply in the
+    next slot (slots are reused), its tokens committed to the slot's device buffer and read
+    back by ``apply_staged_writes``. Handed ``core`` as :class:`V1Driver` is."""
+
+    _SLOTS = 4
+
+    def __init__(self, core: ConstraintCore, vllm_config: VllmConfig, max_len: int = 4096) -> None:
+        from hermes_vllm.processor import ToolCallLogitsProcessor
+        from hermes_vllm.testing.v2_runner import V2Runner
+
+        self.core = core
+        self.runner = V2Runner(self._SLOTS, max_len, core.vocab_size)
+        self.proc = ToolCallLogitsProcessor(vllm_config, self.runner.state)
+        self.proc.core = core
+        self._slot = -1
+
+    def admit(self, extra_args: Any, scenario: Scenario) -> RowState:
+        self._slot = (self._slot + 1) % self._SLOTS
+        self.runner.admit(self._slot, [])
+        assert self.proc.add_request(self._slot, _sampling_params(extra_args, scenario))
+        return self.proc.slots[self._slot]
+
+    def step(self, new: Sequence[int]) -> torch.Tensor:
+        from hermes_vllm.testing.v2_runner import context
+
+        for token in new:
+            self.runner.commit(self._slot, token)
+        self.proc.apply_staged_writes()
+        logits = torch.zeros((1, self.core.vocab_size))
+        return self.proc.apply(logits, context([self._slot]))
+
+
+def run(
+    core: ConstraintCore | Driver, tokenizer: Any, scenario: Scenario, sampler: str, seed: int = 0
+) -> Outcome:
+    """Play one reply with ``sampler`` against ``core`` (built on ``tokenizer``'s vocabulary), or
+    through a :class:`Driver` (an adapter) of one."""
+    driver: Driver = CoreDriver(core) if isinstance(core, ConstraintCore) else core
     tools = _tools(scenario.tools)
     choice = scenario.choice
     if choice not in ("required", "auto"):
         choice = {"type": "function", "function": {"name": choice}}
-    state = core.admit(
-        constraint_args(tools, choice),
-        [],
-        max_tokens=scenario.max_tokens,
-        thinking_budget=scenario.thinking_budget,
-        stop=scenario.stop,
-    )
-    assert state is not None
-    latin1 = core.compiler.vocab.latin1
+    state = driver.admit(constraint_args(tools, choice), scenario)
+    latin1 = driver.core.compiler.vocab.latin1
     dialect = state.dialect
     begin_ids = {i for i, p in enumerate(latin1) if p in [q.begin for q in dialect.reasoning]}
     end_id = latin1.index(dialect.reasoning[0].end) if dialect.reasoning else -1
@@ -303,11 +426,10 @@ def run(core: ConstraintCore, tokenizer: Any, scenario: Scenario, sampler: str, 
     span: int | None = None  # vLLM's count in the open span
     new: list[int] = []
     while len(out) < scenario.max_tokens:
-        logits = torch.zeros((1, core.vocab_size))
         budget = state.budget
         window = budget is not None and budget.max_tokens - state.consumed - len(new) <= budget.alert
         began = time.perf_counter()
-        core.step(logits, [(0, state, new)])
+        logits = driver.step(new)
         spent = time.perf_counter() - began
         if window:
             outcome.window_steps += 1
@@ -322,7 +444,7 @@ def run(core: ConstraintCore, tokenizer: Any, scenario: Scenario, sampler: str, 
         if scenario.vllm_thinking and span is not None and span >= (scenario.thinking_budget or 0):
             token = end_id  # vLLM forces it, whatever the mask says
         else:
-            token = pick(_View(allowed, text, state, core, rng))
+            token = pick(_View(allowed, text, state, driver.core, rng))
         out.append(token)
         new = [token]
         if token in state.stop_ids:
@@ -341,7 +463,7 @@ def run(core: ConstraintCore, tokenizer: Any, scenario: Scenario, sampler: str, 
             text = decoded[: min(hit)].encode("utf-8").decode("latin-1")
             break
     if state.failed is None and new:
-        core.advance(state, new)  # the last token reaches the engine (vLLM feeds it too)
+        driver.step(new)  # the last token reaches the engine (vLLM feeds it too)
         outcome.failed = state.failed
     outcome.tokens = len(out)
     outcome.text = text.encode("latin-1").decode("utf-8", errors="replace")
