@@ -246,7 +246,10 @@ def test_both_runner_adapters_play_the_worst_case_exactly_as_the_core(
         (Scenario([LONG_OPTIONAL], "get_weather", named + 3), "longest"),
         (Scenario([LONG_OPTIONAL], "get_weather", named + 17, stop=("\n\n",)), "late"),
         (Scenario([SMALL, LARGE], "required", both + 9), "longest"),
-        (Scenario([LONG_OPTIONAL], "required", named + 24, thinking_budget=4, vllm_thinking=True), "lead_bytes"),
+        (
+            Scenario([LONG_OPTIONAL], "required", named + 24, thinking_budget=4, vllm_thinking=True),
+            "lead_bytes",
+        ),
         (Scenario([LONG_OPTIONAL], "required", named + 10, thinking_budget=4), "reopen"),
         (Scenario([LONG_OPTIONAL], "auto", named + 6, stop=("\n\n",)), "random"),
     ]
@@ -255,3 +258,18 @@ def test_both_runner_adapters_play_the_worst_case_exactly_as_the_core(
         alone = run(CoreDriver(core), tokenizer, scenario, sampler, seed=scenario.max_tokens)
         assert through.kept(scenario.thinking_budget), (sampler, through)
         assert (through.text, through.tokens, through.spans) == (alone.text, alone.tokens, alone.spans)
+
+
+def test_an_object_declaring_no_properties_is_not_completed_as_free_form(tokenizer: Any) -> None:
+    """Found by the sweep: ``{"properties": {}}`` admits only ``{}`` in every engine, but the
+    completer read it as free-form, so a call written arguments first for the large tool was
+    completed as a call of the small one (``"":0},"name":"t"``), a text the grammar refuses: the
+    budget forced nothing and the call was cut at ``max_tokens`` (random sampler, 86 tokens)."""
+    completer = CallCompleter(HERMES, [("t", SMALL["parameters"]), (LARGE["name"], LARGE["parameters"])])
+    call = '<tool_call>{"arguments":{"title_of_the_event":"abc","'
+    completion = completer.complete(call)
+    assert completion is not None and LARGE["name"] in completion, completion
+    core = core_for(tokenizer)
+    low = reserve(core, [SMALL, LARGE], "required")
+    scenario = Scenario([SMALL, LARGE], "required", low + 64, thinking_budget=6, vllm_thinking=True)
+    assert_kept(core, tokenizer, [scenario], "random")

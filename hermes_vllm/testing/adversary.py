@@ -38,6 +38,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol
 
 import jsonschema
@@ -46,9 +47,11 @@ import torch
 
 from hermes_vllm import constraint_args
 from hermes_vllm.dialect import Dialect
+from hermes_vllm.grammar.budget import as_latin1
+from hermes_vllm.grammar.completion import CallCompleter
 from hermes_vllm.processor.core import ConstraintCore, RowState
 from hermes_vllm.schema import normalize_tools
-from hermes_vllm.spans import read_tail, split_spans
+from hermes_vllm.spans import Tail, read_tail, split_spans
 from hermes_vllm.testing.budget_scenarios import span_token_counts
 
 if TYPE_CHECKING:
@@ -115,6 +118,62 @@ class Outcome:
         return owed_ok and spans_ok and not self.invalid and self.failed is None
 
 
+@dataclass(frozen=True)
+class _Marks:
+    """Per-token facts the samplers rank by, one array each over the vocabulary (built once per
+    core and dialect: the samplers' per-step work is array lookups, not passes over the vocabulary)."""
+
+    tags: np.ndarray
+    """Holds a tag of the dialect (opening or closing)."""
+    score: np.ndarray
+    """``late``'s preference: a comma counts 2, holding no closer 1."""
+    length: np.ndarray
+    lead: np.ndarray
+    """Ends with a UTF-8 lead byte."""
+    structural: np.ndarray
+    """Holds JSON punctuation or a digit: what ``longest`` weighs first."""
+    opener: np.ndarray
+    """Is one of :data:`_OPENERS`: weighed by ``longest`` wherever allowed."""
+    call_begin: np.ndarray
+    """Is the whole call tag."""
+    reasoning_begin: np.ndarray
+    """Is a whole reasoning tag."""
+    reasoning_end: int
+    """The token of the first reasoning span's closing tag (-1: none)."""
+
+
+_marks: dict[tuple[int, str], _Marks] = {}
+
+
+def _marks_for(core: ConstraintCore, dialect: Dialect) -> _Marks:
+    key = (id(core), dialect.name)
+    if key not in _marks:
+        latin1 = core.compiler.vocab.latin1
+        tags = [p.begin for p in (dialect.tool_call, *dialect.free_spans)] + [
+            p.end for p in dialect.free_spans
+        ]
+        opens = [p.begin for p in dialect.reasoning]
+        end = dialect.reasoning[0].end if dialect.reasoning else None
+        _marks[key] = _Marks(
+            np.array([any(g in p for g in tags) for p in latin1]),
+            np.array([("," in p) * 2 + (not _CLOSERS & set(p)) for p in latin1]),
+            np.array([len(p) for p in latin1]),
+            np.array([bool(p) and 0xC2 <= ord(p[-1]) <= 0xF4 for p in latin1]),
+            np.array([any(c in p for c in ',"{[:-0123456789') for p in latin1]),
+            np.array([p in _OPENERS for p in latin1]),
+            np.array([p == dialect.tool_call.begin for p in latin1]),
+            np.array([p in opens for p in latin1]),
+            latin1.index(end) if end in latin1 else -1,
+        )
+    return _marks[key]
+
+
+_NEEDS: dict[tuple[CallCompleter, str], int] = {}
+""":func:`_need` by completer and call text: replies that differ only in ``max_tokens`` play the
+same tokens until the budget first tells them apart, so their candidates repeat."""
+_NEEDS_MAX = 1 << 18
+
+
 @dataclass
 class _View:
     """What a sampler sees at a step."""
@@ -126,6 +185,28 @@ class _View:
     core: ConstraintCore
     rng: random.Random
 
+    @cached_property
+    def marks(self) -> _Marks:
+        return _marks_for(self.core, self.state.dialect)
+
+    @cached_property
+    def tail(self) -> Tail:
+        return read_tail(self.text, self.state.dialect)
+
+    @cached_property
+    def call(self) -> str | None:
+        """The call the text ends inside (from its opening tag on), if any."""
+        tail = self.tail
+        if tail.open is not None and tail.open.kind == "call":
+            return self.text[tail.open.start :]
+        return None
+
+    def first_allowed(self, which: np.ndarray) -> int | None:
+        """The first allowed token ``which`` marks, if any."""
+        allowed = self.allowed[self.allowed < len(which)]
+        hits = allowed[which[allowed]]
+        return int(hits[0]) if hits.size else None
+
 
 Sampler = Callable[[_View], int]
 
@@ -134,66 +215,33 @@ def _tools(tools: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [t if "function" in t else {"type": "function", "function": t} for t in tools]
 
 
-def _call_text(text: str, dialect: Dialect) -> str | None:
-    """The call the text ends inside (from its opening tag on), if any."""
-    tail = read_tail(text, dialect)
-    if tail.open is not None and tail.open.kind == "call":
-        return text[tail.open.start :]
-    return None
-
-
 def _need(view: _View, extra: str) -> int:
-    """The shortest completion, in tokens, of the call the text ends inside after ``extra``;
-    a large number where none is known (the adversary then prefers it)."""
+    """The shortest completion, in tokens, of the call the text ends inside after ``extra``
+    (-1 where ``extra`` closes it); a large number where none is known (the adversary then
+    prefers it). The call starts at a clean point, so it is read alone."""
     budget = view.state.budget
-    assert budget is not None
-    call = _call_text(view.text + extra, view.state.dialect)
-    if call is None:
-        return -1
-    decoded = call.encode("latin-1").decode("utf-8", errors="replace")
-    completion = budget.completer.complete(decoded)
-    if completion is None:
-        return 1 << 20
-    count = budget.speller.count(completion.encode("utf-8").decode("latin-1"))
-    return 1 << 20 if count is None else count
-
-
-@dataclass(frozen=True)
-class _Marks:
-    """Per-token facts the samplers rank by, one array each over the vocabulary."""
-
-    tags: np.ndarray
-    """Holds a tag of the dialect (opening or closing)."""
-    score: np.ndarray
-    """``late``'s preference: a comma counts 2, holding no closer 1."""
-    length: np.ndarray
-    lead: np.ndarray
-    """Ends with a UTF-8 lead byte."""
-
-
-_marks: dict[tuple[int, str], _Marks] = {}
-
-
-def _marks_of(view: _View) -> _Marks:
-    dialect = view.state.dialect
-    key = (id(view.core), dialect.name)
-    if key not in _marks:
-        latin1 = view.core.compiler.vocab.latin1
-        tags = [p.begin for p in (dialect.tool_call, *dialect.free_spans)] + [
-            p.end for p in dialect.free_spans
-        ]
-        _marks[key] = _Marks(
-            np.array([any(g in p for g in tags) for p in latin1]),
-            np.array([("," in p) * 2 + (not _CLOSERS & set(p)) for p in latin1]),
-            np.array([len(p) for p in latin1]),
-            np.array([bool(p) and 0xC2 <= ord(p[-1]) <= 0xF4 for p in latin1]),
-        )
-    return _marks[key]
+    assert budget is not None and view.call is not None
+    call = view.call + extra
+    key = (budget.completer, call)
+    if key in _NEEDS:
+        return _NEEDS[key]
+    tail = read_tail(call, view.state.dialect)
+    if tail.open is None or tail.open.kind != "call":
+        need = -1
+    else:
+        decoded = call.encode("latin-1").decode("utf-8", errors="replace")
+        completion = budget.completer.complete(decoded)
+        count = None if completion is None else budget.speller.count(as_latin1(completion))
+        need = 1 << 20 if count is None else count
+    if len(_NEEDS) >= _NEEDS_MAX:
+        _NEEDS.clear()
+    _NEEDS[key] = need
+    return need
 
 
 def _plain(view: _View) -> np.ndarray:
     """Allowed tokens that neither end the reply nor open or close a tag (all allowed if none)."""
-    marks = _marks_of(view)
+    marks = view.marks
     allowed = view.allowed[view.allowed < len(marks.tags)]
     keep = allowed[~marks.tags[allowed] & ~np.isin(allowed, view.state.stop_ids)]
     return keep if keep.size else view.allowed
@@ -209,12 +257,7 @@ def _random(view: _View) -> int:
 
 def _call_tag(view: _View) -> int | None:
     """The allowed token that opens a call, if one does (outside a call)."""
-    if _call_text(view.text, view.state.dialect) is not None:
-        return None
-    latin1 = view.core.compiler.vocab.latin1
-    begin = view.state.dialect.tool_call.begin
-    tags = [t for t in view.allowed.tolist() if latin1[t] == begin]
-    return tags[0] if tags else None
+    return None if view.call is not None else view.first_allowed(view.marks.call_begin)
 
 
 def _longest(view: _View) -> int:
@@ -222,14 +265,18 @@ def _longest(view: _View) -> int:
     if tag is not None:
         return tag
     pool = _plain(view)
-    if _call_text(view.text, view.state.dialect) is None or len(pool) == 1:
+    if view.call is None or len(pool) == 1:
         return _pick(view, pool)
+    marks = view.marks
+    pool = pool[pool < len(marks.structural)]
+    structural = pool[marks.structural[pool]]
+    rng = view.rng
+    sample = [
+        int(structural[i]) for i in rng.sample(range(len(structural)), min(len(structural), _CANDIDATES))
+    ]
+    sample += [int(pool[i]) for i in rng.sample(range(len(pool)), min(len(pool), _CANDIDATES // 3))]
+    sample += pool[marks.opener[pool]].tolist()
     latin1 = view.core.compiler.vocab.latin1
-    ids: list[int] = pool.tolist()
-    structural = [t for t in ids if any(c in latin1[t] for c in ',"{[:-0123456789')]
-    sample = view.rng.sample(structural, min(len(structural), _CANDIDATES))
-    sample += view.rng.sample(ids, min(len(ids), _CANDIDATES // 3))
-    sample += [t for t in ids if latin1[t] in _OPENERS]
     return max(sample, key=lambda t: (_need(view, latin1[t]), len(latin1[t])))
 
 
@@ -238,7 +285,7 @@ def _late(view: _View) -> int:
     if tag is not None:
         return tag
     pool = _plain(view)
-    marks = _marks_of(view)
+    marks = view.marks
     valid = pool[pool < len(marks.score)]
     if not valid.size:
         return _pick(view, pool)
@@ -248,13 +295,9 @@ def _late(view: _View) -> int:
 
 def _reasoning_tag(view: _View) -> int | None:
     """The allowed token that opens a reasoning span, if one does (outside every span)."""
-    tail = read_tail(view.text, view.state.dialect)
-    if tail.open is not None or tail.begun is not None:
+    if view.tail.open is not None or view.tail.begun is not None:
         return None
-    latin1 = view.core.compiler.vocab.latin1
-    opens = [p.begin for p in view.state.dialect.reasoning]
-    begins = [t for t in view.allowed.tolist() if latin1[t] in opens]
-    return begins[0] if begins else None
+    return view.first_allowed(view.marks.reasoning_begin)
 
 
 def _lead_bytes(view: _View) -> int:
@@ -262,7 +305,7 @@ def _lead_bytes(view: _View) -> int:
     if tag is not None:
         return tag
     pool = _plain(view)
-    marks = _marks_of(view)
+    marks = view.marks
     valid = pool[pool < len(marks.lead)]
     leads = valid[marks.lead[valid]]
     return _pick(view, leads if leads.size else pool)
@@ -416,8 +459,8 @@ def run(
     state = driver.admit(constraint_args(tools, choice), scenario)
     latin1 = driver.core.compiler.vocab.latin1
     dialect = state.dialect
-    begin_ids = {i for i, p in enumerate(latin1) if p in [q.begin for q in dialect.reasoning]}
-    end_id = latin1.index(dialect.reasoning[0].end) if dialect.reasoning else -1
+    marks = _marks_for(driver.core, dialect)
+    end_id = marks.reasoning_end
     pick = _SAMPLERS[sampler]
     rng = random.Random(seed)
     outcome = Outcome(sampler, "", 0, owed=scenario.choice != "auto")
@@ -452,7 +495,7 @@ def run(
             break
         piece = latin1[token] if 0 <= token < len(latin1) else ""
         text += piece
-        if span is None and token in begin_ids:
+        if span is None and 0 <= token < len(marks.reasoning_begin) and marks.reasoning_begin[token]:
             span = 0
         elif span is not None:
             span = None if token == end_id else span + 1
