@@ -401,7 +401,7 @@ class V1Driver:
         from vllm.v1.sample.logits_processor import BatchUpdate
 
         self._output = []
-        added = [(0, _sampling_params(extra_args, scenario), [], self._output)]
+        added: list[Any] = [(0, _sampling_params(extra_args, scenario), [], self._output)]
         self.proc.update_state(BatchUpdate(1, [], added, []))  # row 0's earlier reply is replaced
         return self.proc.rows[0][0]
 
