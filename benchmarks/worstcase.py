@@ -1,11 +1,13 @@
 """The budgets' "always" against a worst-case model, over schema shapes, engines and budgets.
 
-    python benchmarks/worstcase.py [--sets 4] [--stride 8] [--engines xgrammar llguidance outlines]
-                                   [--shapes N] [--samplers ...] [--tokenizer mistral-v1] [--out PATH.json]
+    python benchmarks/worstcase.py [--sets 4] [--stride 8] [--rotate] [--jobs 2]
+                                   [--engines xgrammar llguidance outlines] [--shapes N]
+                                   [--samplers ...] [--tokenizer mistral-v1] [--out PATH.json]
 
 Every sampler of :mod:`hermes_vllm.testing.adversary` plays ``required``, named and ``auto`` turns
 over hand-written schemas of each shape the completer covers and ``--sets`` BFCL tool sets, at
-every ``--stride``-th ``max_tokens`` from the turn's reserve to reserve + 64, each run with one of:
+every ``--stride``-th ``max_tokens`` from the turn's reserve to reserve + 64 (``--rotate``: each
+``max_tokens`` by one sampler, in turn), each run with one of:
 nothing else, ``stop=["\\n\\n"]``, a thinking budget of 6 with vLLM's own thinking budget played.
 Writes PATH.json (every outcome, the summary by shape and by budget, the core's cost per row per
 step inside and outside the steering window) and PATH.png (kept rate by shape and by budget).
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import multiprocessing
 import statistics
 import sys
 import time
@@ -132,50 +135,103 @@ def _reserve(core: ConstraintCore, tools: list[dict[str, Any]], choice: Any) -> 
     return state.budget.reserve
 
 
-def sweep(args: argparse.Namespace) -> dict[str, Any]:
-    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_path(args.tokenizer)))
+def _shapes(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
     shapes = dict(list(SHAPES.items())[: args.shapes])
     for n, tools in enumerate(sample_tool_sets(args.sets, seed=args.seed)):
         shapes[f"BFCL set {n}"] = [t.get("function", t) for t in tools]
+    return shapes
+
+
+def _plays(args: argparse.Namespace) -> list[tuple[int, str, int]]:
+    """``(offset, sampler, variant)`` of every run of one shape and mode.
+
+    Without ``--rotate`` every sampler plays every ``--stride``-th offset (variants rotating);
+    with it, each offset is played once, by the next sampler, and each sampler meets every
+    variant: every ``max_tokens`` is covered at a fifth of the runs.
+    """
+    out = []
+    samplers = args.samplers
+    for offset in range(0, 65, args.stride):
+        if args.rotate:
+            k = offset // args.stride
+            out.append((offset, samplers[k % len(samplers)], (k // len(samplers)) % 3))
+        else:
+            out += [(offset, sampler, (offset // args.stride + k) % 3) for k, sampler in enumerate(samplers)]
+    return out
+
+
+_worker: dict[str, Any] = {}
+
+
+def _task(
+    job: tuple[argparse.Namespace, str, str, list[dict[str, Any]]],
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every run of one engine and shape (a worker process keeps its tokenizer and cores).
+
+    Every run of a shape, mode and sampler draws from the same seed, whatever its ``max_tokens``:
+    replies that differ only in ``max_tokens`` play the same tokens until the budget first tells
+    them apart, so the sampler's lookups of the shared part are answered from memory.
+    """
+    args, engine, shape, tools = job
+    if "tokenizer" not in _worker:
+        logging.getLogger("hermes_vllm").setLevel(logging.CRITICAL)
+        _worker["tokenizer"] = AutoTokenizer.from_pretrained(str(tiny_model_path(args.tokenizer)))
+    tokenizer = _worker["tokenizer"]
+    if engine not in _worker:
+        _worker[engine] = ConstraintCore(lambda: tokenizer, len(tokenizer), engine=engine)
+    core = _worker[engine]
+    rows: list[dict[str, Any]] = []
+    refused: list[str] = []
+    for mode in ("required", "named", "auto"):
+        choice = tools[0]["name"] if mode == "named" else mode
+        try:
+            low = _reserve(core, tools, "required" if mode == "auto" else choice)
+        except ValueError as err:  # the engine refuses the shape at admission (HTTP 400)
+            refused.append(f"{engine} {shape} {mode}: {err}")
+            continue
+        for offset, sampler, variant in _plays(args):
+            scenario = Scenario(
+                tools,
+                choice,
+                low + offset,
+                stop=("\n\n",) if variant == 1 else (),
+                thinking_budget=THINKING if variant == 2 else None,
+                vllm_thinking=variant == 2,
+            )
+            o = run(core, tokenizer, scenario, sampler, seed=args.seed + args.samplers.index(sampler))
+            rows.append(
+                {
+                    "engine": engine, "shape": shape, "mode": mode, "sampler": sampler,
+                    "offset": offset, "max_tokens": low + offset,
+                    "variant": ("plain", "stop", "thinking")[variant],
+                    "kept": o.kept(scenario.thinking_budget), "calls": o.calls, "cut": o.cut,
+                    "invalid": o.invalid, "failed": o.failed, "spans": o.spans,
+                    "window_steps": o.window_steps, "window_s": o.window_seconds,
+                    "other_steps": o.other_steps, "other_s": o.other_seconds,
+                    "text": o.text if not o.kept(scenario.thinking_budget) else "",
+                }
+            )  # fmt: skip
+    return rows, refused
+
+
+def sweep(args: argparse.Namespace) -> dict[str, Any]:
+    """Every engine and shape as one task, over ``--jobs`` processes; the results file is
+    rewritten every ``--write-every`` tasks, so a long sweep leaves what it has measured."""
+    shapes = _shapes(args)
+    jobs = [(args, engine, shape, tools) for shape, tools in shapes.items() for engine in args.engines]
     rows: list[dict[str, Any]] = []
     refused: list[str] = []
     began = time.perf_counter()
-    for engine in args.engines:
-        core = ConstraintCore(lambda: tokenizer, len(tokenizer), engine=engine)
-        for shape, tools in shapes.items():
-            for mode in ("required", "named", "auto"):
-                choice = tools[0]["name"] if mode == "named" else mode
-                try:
-                    low = _reserve(core, tools, "required" if mode == "auto" else choice)
-                except ValueError as err:  # the engine refuses the shape at admission (HTTP 400)
-                    refused.append(f"{engine} {shape} {mode}: {err}")
-                    continue
-                for offset in range(0, 65, args.stride):
-                    for k, sampler in enumerate(args.samplers):
-                        variant = (offset // args.stride + k) % 3
-                        scenario = Scenario(
-                            tools,
-                            choice,
-                            low + offset,
-                            stop=("\n\n",) if variant == 1 else (),
-                            thinking_budget=THINKING if variant == 2 else None,
-                            vllm_thinking=variant == 2,
-                        )
-                        o = run(core, tokenizer, scenario, sampler, seed=args.seed + offset)
-                        rows.append(
-                            {
-                                "engine": engine, "shape": shape, "mode": mode, "sampler": sampler,
-                                "offset": offset, "max_tokens": low + offset,
-                                "variant": ("plain", "stop", "thinking")[variant],
-                                "kept": o.kept(scenario.thinking_budget), "calls": o.calls, "cut": o.cut,
-                                "invalid": o.invalid, "failed": o.failed, "spans": o.spans,
-                                "window_steps": o.window_steps, "window_s": o.window_seconds,
-                                "other_steps": o.other_steps, "other_s": o.other_seconds,
-                                "text": o.text if not o.kept(scenario.thinking_budget) else "",
-                            }
-                        )  # fmt: skip
-        logging.info("%s done: %d runs, %.0f s", engine, len(rows), time.perf_counter() - began)
-        _write(args, _summary(args, rows, refused, time.perf_counter() - began))
+    context = multiprocessing.get_context("fork")
+    with context.Pool(args.jobs) as pool:
+        for done, (more, no) in enumerate(pool.imap_unordered(_task, jobs), start=1):
+            rows += more
+            refused += no
+            if done % args.write_every == 0 or done == len(jobs):
+                kept = sum(r["kept"] for r in rows)
+                logging.info("%d/%d tasks: %d/%d kept, %.0f s", done, len(jobs), kept, len(rows),
+                             time.perf_counter() - began)  # fmt: skip
+                _write(args, _summary(args, rows, refused, time.perf_counter() - began))
     return _summary(args, rows, refused, time.perf_counter() - began)
 
 
@@ -196,7 +252,8 @@ def _summary(
     return {
         "meta": {
             "tokenizer": args.tokenizer, "engines": args.engines, "sets": args.sets, "stride": args.stride,
-            "samplers": args.samplers, "thinking_budget": THINKING, "seconds": round(seconds, 1),
+            "samplers": args.samplers, "rotate": args.rotate, "shapes": args.shapes, "jobs": args.jobs,
+            "thinking_budget": THINKING, "seconds": round(seconds, 1),
             "command": " ".join(sys.argv),
         },
         "total": _rate(rows),
@@ -253,6 +310,13 @@ def main(argv: list[str] | None = None) -> int:
         "--shapes", type=int, default=len(SHAPES), help="hand-written shapes played (first N)"
     )
     parser.add_argument("--samplers", nargs="+", default=list(SAMPLERS), choices=SAMPLERS)
+    parser.add_argument(
+        "--rotate", action="store_true", help="one sampler per max_tokens, in turn (a fifth of the runs)"
+    )
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="worker processes (2 were slower on a shared 2-core machine)"
+    )
+    parser.add_argument("--write-every", type=int, default=4, help="tasks between writes of the results")
     parser.add_argument("--out", type=Path, default=RESULTS / "worstcase.json")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")

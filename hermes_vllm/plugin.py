@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from hermes_vllm.parsers import register_parsers
+from hermes_vllm.parsers import finish_reason, register_parsers
 from hermes_vllm.processor import handshake, speculative
 
 
 def register() -> None:
-    """Idempotent: prepare the processor handshake, register the tool and reasoning parsers, and
-    wrap vLLM's structured outputs for speculative decoding.
+    """Idempotent: prepare the processor handshake, register the tool and reasoning parsers,
+    wrap vLLM's structured outputs for speculative decoding, and the offline engine's outputs
+    (:func:`hermes_vllm.parsers.finish_reason.install_offline`).
 
     See :mod:`hermes_vllm.processor.handshake`, :mod:`hermes_vllm.parsers` and
     :mod:`hermes_vllm.processor.speculative`.
@@ -16,3 +17,4 @@ def register() -> None:
     handshake.ensure_dir()
     register_parsers()
     speculative.install()
+    finish_reason.install_offline()  # vllm.LLM: a call the budget closed finishes with "length"

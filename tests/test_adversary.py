@@ -226,3 +226,50 @@ def test_a_required_tool_without_a_shortest_call_is_refused_naming_tool_and_path
     ):
         validate_request(constraint_args(tools, "required"), "xgrammar")
     validate_request(constraint_args(tools, "auto"), "xgrammar")  # nothing is owed: admitted
+
+
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_both_runner_adapters_play_the_worst_case_exactly_as_the_core(
+    tokenizer: Any, vllm_config: Any, runner: str
+) -> None:
+    """The adversary through each adapter, fed as vLLM feeds it (the V1 batch update's output
+    list, the V2 runner's slot buffers read back each step), slots reused from reply to reply:
+    every reply keeps the promise, and is token for token the reply the core alone gives (the
+    adapters add no bookkeeping of their own to the worst case)."""
+    pytest.importorskip("vllm")
+    from hermes_vllm.testing.adversary import CoreDriver, V1Driver, V2Driver
+
+    core = core_for(tokenizer)
+    adapter = V1Driver(core, vllm_config) if runner == "v1" else V2Driver(core, vllm_config)
+    named, both = reserve(core, [LONG_OPTIONAL], "get_weather"), reserve(core, [SMALL, LARGE], "required")
+    plays = [
+        (Scenario([LONG_OPTIONAL], "get_weather", named + 3), "longest"),
+        (Scenario([LONG_OPTIONAL], "get_weather", named + 17, stop=("\n\n",)), "late"),
+        (Scenario([SMALL, LARGE], "required", both + 9), "longest"),
+        (
+            Scenario([LONG_OPTIONAL], "required", named + 24, thinking_budget=4, vllm_thinking=True),
+            "lead_bytes",
+        ),
+        (Scenario([LONG_OPTIONAL], "required", named + 10, thinking_budget=4), "reopen"),
+        (Scenario([LONG_OPTIONAL], "auto", named + 6, stop=("\n\n",)), "random"),
+    ]
+    for scenario, sampler in plays:
+        through = run(adapter, tokenizer, scenario, sampler, seed=scenario.max_tokens)
+        alone = run(CoreDriver(core), tokenizer, scenario, sampler, seed=scenario.max_tokens)
+        assert through.kept(scenario.thinking_budget), (sampler, through)
+        assert (through.text, through.tokens, through.spans) == (alone.text, alone.tokens, alone.spans)
+
+
+def test_an_object_declaring_no_properties_is_not_completed_as_free_form(tokenizer: Any) -> None:
+    """Found by the sweep: ``{"properties": {}}`` admits only ``{}`` in every engine, but the
+    completer read it as free-form, so a call written arguments first for the large tool was
+    completed as a call of the small one (``"":0},"name":"t"``), a text the grammar refuses: the
+    budget forced nothing and the call was cut at ``max_tokens`` (random sampler, 86 tokens)."""
+    completer = CallCompleter(HERMES, [("t", SMALL["parameters"]), (LARGE["name"], LARGE["parameters"])])
+    call = '<tool_call>{"arguments":{"title_of_the_event":"abc","'
+    completion = completer.complete(call)
+    assert completion is not None and LARGE["name"] in completion, completion
+    core = core_for(tokenizer)
+    low = reserve(core, [SMALL, LARGE], "required")
+    scenario = Scenario([SMALL, LARGE], "required", low + 64, thinking_budget=6, vllm_thinking=True)
+    assert_kept(core, tokenizer, [scenario], "random")

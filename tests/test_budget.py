@@ -275,9 +275,10 @@ def valid_calls(text: str, tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 @pytest.mark.engine
 def test_required_and_named_replies_always_hold_a_valid_call(tiny_model: Path, tokenizer: Any) -> None:
-    """No bias toward the call tag: the model wanders into reasoning spans; at 400 tokens and at
-    a max_tokens just above the reserve every reply holds a valid call (strings under a
-    ``pattern`` too), and a reasoning budget given through vllm_xargs caps the turn's spans."""
+    """No bias toward the call tag: the model wanders into reasoning spans; at 400 tokens, at a
+    max_tokens just above the reserve, and 20 above it with no bias at all, every reply holds a
+    valid call (strings under a ``pattern`` too) and says ``"length"`` where the budget closed
+    it, and a reasoning budget given through vllm_xargs caps the turn's spans."""
     from vllm import SamplingParams
 
     from hermes_vllm.parsers.dialects import HermesReasoningParser
@@ -293,20 +294,25 @@ def test_required_and_named_replies_always_hold_a_valid_call(tiny_model: Path, t
     for i, tools in enumerate(sets):
         choice: Any = "required" if i % 2 else {"type": "function", "function": {"name": tools[0]["name"]}}
         args = constraint_args(tools, choice, reasoning_budget=24 if i % 3 == 0 else None)
-        for max_tokens in (400, reserve(tokenizer, tools, choice) + 2):
-            requests.append((tools, args, max_tokens))
+        low = reserve(tokenizer, tools, choice)
+        # Just above the reserve the budget writes nearly every token; 20 above it, with no bias
+        # at all, the model chooses where it wanders and when it calls.
+        for max_tokens, push in ((400, bias), (low + 2, bias), (low + 20, None)):
+            requests.append((tools, args, max_tokens, push))
     params = [
         SamplingParams(
-            temperature=1.0, max_tokens=m, logit_bias=bias, extra_args=a, skip_special_tokens=False
+            temperature=1.0, max_tokens=m, logit_bias=push, extra_args=a, skip_special_tokens=False
         )
-        for _, a, m in requests
+        for _, a, m, push in requests
     ]
     outputs = llm.generate([prompt] * len(params), params, use_tqdm=False)
     thought = 0
-    for (tools, args, max_tokens), output in zip(requests, outputs, strict=True):
+    for (tools, args, max_tokens, _), output in zip(requests, outputs, strict=True):
         text = output.outputs[0].text
         assert valid_calls(text, tools), (max_tokens, text[-300:])
         assert len(output.outputs[0].token_ids) <= max_tokens
+        if MARK in text:
+            assert output.outputs[0].finish_reason == "length", text[-300:]
         if "hermes_vllm_reasoning_budget" in args:
             used = reasoning.count_reasoning_tokens(output.outputs[0].token_ids)
             assert used <= 24, text  # the turn's budget, the tags spelled in any tokens
@@ -525,3 +531,35 @@ def test_budget_closed_calls_keep_their_whole_mark_through_preemption(
             assert MARK in text, text
             closed += 1
     assert closed, "no call was closed by the budget"
+
+
+@pytest.mark.engine
+def test_the_offline_llm_reports_a_call_the_budget_closed_as_length(tiny_model: Path, tokenizer: Any) -> None:
+    """``vllm.LLM.generate`` runs the offline engine, not ``AsyncLLM``: a reply holding a call the
+    budget closed says ``"length"`` there too, even where the model ended its turn right after
+    the mark (a push toward the end of turn, which the grammar allows only after the call)."""
+    from vllm import SamplingParams
+
+    from hermes_vllm.testing.budget_scenarios import end_bias, reserve
+    from hermes_vllm.testing.engine import offline_llm
+
+    llm = offline_llm(tiny_model)
+    args = constraint_args([TOOL], "required")
+    bias = {int(k): v for k, v in end_bias(tokenizer).items()}
+    max_tokens = reserve(tokenizer, [TOOL], "required") + 8
+    params = [
+        SamplingParams(
+            temperature=1.0, max_tokens=max_tokens, extra_args=args, logit_bias=bias, seed=i,
+            skip_special_tokens=False,
+        )
+        for i in range(8)
+    ]  # fmt: skip
+    outputs = llm.generate(["<|im_start|>assistant\n"] * len(params), params, use_tqdm=False)
+    ended = 0
+    for output in outputs:
+        out = output.outputs[0]
+        assert valid_calls(out.text, [TOOL]), out.text
+        if MARK in out.text:
+            assert out.finish_reason == "length", (out.finish_reason, out.text)
+            ended += len(out.token_ids) < max_tokens  # the model ended its turn: the engine said "stop"
+    assert ended, "no reply ended its turn after a call the budget closed: the test proves nothing"

@@ -8,9 +8,7 @@ bit-for-bit untouched.
 from __future__ import annotations
 
 import copy
-import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -47,20 +45,6 @@ SEARCH = {
 }
 TURN_A = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>'
 TURN_B = '<tool_call>{"arguments": {"q": "vllm"}, "name": "search"}</tool_call> done'
-
-
-@pytest.fixture(scope="module")
-def vllm_config(tiny_model: Path) -> Any:
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    from vllm.engine.arg_utils import EngineArgs
-
-    return EngineArgs(
-        model=str(tiny_model),
-        dtype="float32",
-        enforce_eager=True,
-        max_model_len=1024,
-        kv_cache_memory_bytes=64 << 20,
-    ).create_engine_config()
 
 
 def params(

@@ -40,8 +40,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str,
 
 
 def test_every_budget_scenario_keeps_its_promise(server: tuple[str, str, Any, Path]) -> None:
-    """Required and named replies hold a valid call at 400 tokens and at a max_tokens just above
-    the reserve, streamed and whole; thinking_token_budget caps the turn's reasoning; auto with
+    """Required and named replies hold a valid call at 400 tokens, at a max_tokens just above
+    the reserve, and 20 above it with no bias at all, streamed and whole; thinking_token_budget caps the turn's reasoning; auto with
     calls pushed returns no invalid call; a stop string pushed into the argument does not end the
     call; a call the budget closed comes back truncated even where the model ended its turn after
     it; usage counts the reasoning tokens."""
@@ -49,7 +49,7 @@ def test_every_budget_scenario_keeps_its_promise(server: tuple[str, str, Any, Pa
     outcomes = budget_scenarios.run(url, model, tokenizer)
     failed = {name: o.failures for name, o in outcomes.items() if o.ok < o.total}
     assert not failed, failed
-    assert len(outcomes) == 8 and all(o.total >= 4 for o in outcomes.values())
+    assert len(outcomes) == 10 and all(o.total >= 4 for o in outcomes.values())
     assert outcomes[CLOSED_THEN_ENDED].closed >= 2, "too few calls closed by the budget to judge"
     thinking = outcomes[f"required, thinking_token_budget={budget_scenarios.THINKING_BUDGET}, <think> pushed"]
     assert thinking.reasoning > 0, "no reasoning to check the budget and usage on"

@@ -295,8 +295,12 @@ def _properties(schema: Mapping[str, Any]) -> list[tuple[str, Schema]]:
 
 
 def _extra(schema: Mapping[str, Any]) -> Schema:
-    """The schema of undeclared keys; ``False`` where none may be written."""
-    return schema.get("additionalProperties", not schema.get("properties"))
+    """The schema of undeclared keys; ``False`` where none may be written.
+
+    Left unsaid, undeclared keys are allowed only where ``properties`` is absent too (the schema
+    rewrite says so there, :mod:`hermes_vllm.schema.rewrite`); the engines close an object that
+    declares ``properties``, even none (``{"properties": {}}`` admits only ``{}``)."""
+    return schema.get("additionalProperties", "properties" not in schema)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,9 @@ read truncation from ``finish_reason`` alone, so :func:`install` also wraps the 
 ``generate`` (``AsyncLLM.generate``, which every OpenAI door calls: chat and Responses, streaming
 and not): an output of a constrained request whose text holds the call's closing tag followed by
 the mark finishes with ``"length"`` (vLLM then keeps it, and the Responses API reports the reply
-``incomplete``). The mark stays in the content.
+``incomplete``). The mark stays in the content. The offline ``vllm.LLM`` (``generate``, ``chat``)
+runs ``LLMEngine`` instead: :func:`install_offline` wraps its ``add_request`` and ``step`` the same
+way, and the general plugin installs it in every process.
 
 vLLM's non-streaming chat path (``OpenAIServingChat.chat_completion_full_generator``) replaces the
 engine's finish reason with ``"tool_calls"`` whenever the parser returned a call under
@@ -46,6 +48,8 @@ _PATCHED = "__hermes_vllm_finish_reason__"
 _RESOLVER = "resolve_finish_reason"
 _SKIPPED = "hermes-vllm: %s: %s; a cut non-streaming reply keeps vLLM's finish_reason"
 _ENGINE = "vllm.v1.engine.async_llm"
+_OFFLINE = "vllm.v1.engine.llm_engine"
+_CLOSINGS = "_hermes_vllm_closings"
 _CLOSED_SKIPPED = "hermes-vllm: %s: %s; a reply holding a call the budget closed keeps its finish_reason"
 
 
@@ -62,20 +66,41 @@ def closed_call_mark(sampling_params: Any) -> str | None:
     return None if request is None else get_dialect(request.dialect).tool_call.end + MARK
 
 
-async def _closed_as_length(outputs: AsyncIterator[Any], mark: str, deltas: bool) -> AsyncIterator[Any]:
-    """``outputs`` with ``"length"`` for every output whose text came to hold ``mark``."""
-    held: dict[int, str] = {}
-    """Per output index: the text's last characters (deltas), or ``mark`` once it was seen."""
+class _Closing:
+    """Follows one request's outputs: an output whose text came to hold ``mark`` finishes with
+    ``"length"`` where the engine said ``"stop"``."""
+
+    def __init__(self, mark: str, deltas: bool) -> None:
+        self.mark = mark
+        self.deltas = deltas
+        self.held: dict[int, str] = {}
+        """Per output index: the text's last characters (deltas), or ``mark`` once it was seen."""
+
+    def see(self, result: Any) -> None:
+        mark = self.mark
+        for output in result.outputs:
+            seen = self.held.get(output.index, "")
+            if seen != mark:
+                text = seen + output.text if self.deltas else output.text
+                self.held[output.index] = mark if mark in text else text[-len(mark) :]
+            if output.finish_reason == "stop" and self.held[output.index] == mark:
+                output.finish_reason = "length"
+                output.stop_reason = None
+
+
+def _closing(sampling_params: Any) -> _Closing | None:
+    """The :class:`_Closing` of a constrained request; ``None`` for one we do not constrain."""
+    mark = closed_call_mark(sampling_params)
+    if mark is None:
+        return None
+    deltas = getattr(getattr(sampling_params, "output_kind", None), "name", "") == "DELTA"
+    return _Closing(mark, deltas)
+
+
+async def _closed_as_length(outputs: AsyncIterator[Any], closing: _Closing) -> AsyncIterator[Any]:
     async with contextlib.aclosing(outputs):  # type: ignore[type-var]
         async for result in outputs:
-            for output in result.outputs:
-                seen = held.get(output.index, "")
-                if seen != mark:
-                    text = seen + output.text if deltas else output.text
-                    held[output.index] = mark if mark in text else text[-len(mark) :]
-                if output.finish_reason == "stop" and held[output.index] == mark:
-                    output.finish_reason = "length"
-                    output.stop_reason = None
+            closing.see(result)
             yield result
 
 
@@ -83,13 +108,53 @@ def _wrap_generate(generate: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(generate)
     def wrapped(self: Any, prompt: Any, sampling_params: Any, *args: Any, **kwargs: Any) -> Any:
         outputs = generate(self, prompt, sampling_params, *args, **kwargs)
-        mark = closed_call_mark(sampling_params)
-        if mark is None:
-            return outputs
-        deltas = getattr(getattr(sampling_params, "output_kind", None), "name", "") == "DELTA"
-        return _closed_as_length(outputs, mark, deltas)
+        closing = _closing(sampling_params)
+        return outputs if closing is None else _closed_as_length(outputs, closing)
 
     return wrapped
+
+
+def _wrap_add_request(add_request: Callable[..., Any]) -> Callable[..., Any]:
+    """The offline engine's ``add_request``: a constrained request's outputs are followed by the
+    :class:`_Closing` noted under its id (the id its outputs carry)."""
+
+    @functools.wraps(add_request)
+    def wrapped(self: Any, request_id: str, prompt: Any, params: Any, *args: Any, **kwargs: Any) -> Any:
+        added = add_request(self, request_id, prompt, params, *args, **kwargs)
+        closing = _closing(getattr(prompt, "params", None) or params)
+        if closing is not None:
+            self.__dict__.setdefault(_CLOSINGS, {})[request_id] = closing
+        return added
+
+    return wrapped
+
+
+def _wrap_step(step: Callable[..., Any]) -> Callable[..., Any]:
+    """The offline engine's ``step``: each output of a noted request passes its :class:`_Closing`."""
+
+    @functools.wraps(step)
+    def wrapped(self: Any) -> Any:
+        outputs = step(self)
+        closings: dict[str, _Closing] = self.__dict__.get(_CLOSINGS, {})
+        if closings:
+            for result in outputs:
+                request_id = getattr(result, "request_id", None)
+                if not isinstance(request_id, str) or request_id not in closings:
+                    continue
+                closings[request_id].see(result)
+                if getattr(result, "finished", False):
+                    del closings[request_id]
+        return outputs
+
+    return wrapped
+
+
+def install_offline() -> bool:
+    """Wrap the offline engine (``LLMEngine``, behind ``vllm.LLM.generate`` and ``chat``) as
+    :func:`install` wraps ``AsyncLLM.generate`` (idempotent; the general plugin calls it in every
+    process). False where this vLLM lacks either method (a warning says so)."""
+    added = wrap_attribute(_OFFLINE, "LLMEngine", "add_request", _CLOSED_SKIPPED, _wrap_add_request, _PATCHED)
+    return added and wrap_attribute(_OFFLINE, "LLMEngine", "step", _CLOSED_SKIPPED, _wrap_step, _PATCHED)
 
 
 async def _noting(outputs: AsyncIterator[Any], reasons: dict[int, str | None]) -> AsyncIterator[Any]:

@@ -16,6 +16,12 @@ allows:
   wherever allowed (characters split at every step);
 - ``reopen``: opens a reasoning span whenever allowed and never closes one itself.
 
+Each reply is played through a *driver*: the core itself (:class:`CoreDriver`, what the sweep
+uses), or one of the two runner adapters fed as vLLM feeds them (:class:`V1Driver`: a
+``BatchUpdate`` and the output list it holds by reference; :class:`V2Driver`: the V2 runner's
+slot buffers of :mod:`hermes_vllm.testing.v2_runner`), so the adapters' bookkeeping (tokens
+read back, rows admitted from ``SamplingParams``) is under the same worst case.
+
 Except for ``random``, no sampler ends the reply (a stop token) or closes a reasoning span while
 anything else is allowed: the budget must do it. With ``vllm_thinking`` the run also plays vLLM's
 own thinking budget, which forces the closing tag over any mask once a span holds the budget's
@@ -32,7 +38,8 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Protocol
 
 import jsonschema
 import numpy as np
@@ -40,10 +47,15 @@ import torch
 
 from hermes_vllm import constraint_args
 from hermes_vllm.dialect import Dialect
+from hermes_vllm.grammar.budget import as_latin1
+from hermes_vllm.grammar.completion import CallCompleter
 from hermes_vllm.processor.core import ConstraintCore, RowState
 from hermes_vllm.schema import normalize_tools
-from hermes_vllm.spans import read_tail, split_spans
+from hermes_vllm.spans import Tail, read_tail, split_spans
 from hermes_vllm.testing.budget_scenarios import span_token_counts
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
 
 SAMPLERS = ("random", "longest", "late", "lead_bytes", "reopen")
 """The samplers :func:`run` knows, by name."""
@@ -106,6 +118,62 @@ class Outcome:
         return owed_ok and spans_ok and not self.invalid and self.failed is None
 
 
+@dataclass(frozen=True)
+class _Marks:
+    """Per-token facts the samplers rank by, one array each over the vocabulary (built once per
+    core and dialect: the samplers' per-step work is array lookups, not passes over the vocabulary)."""
+
+    tags: np.ndarray
+    """Holds a tag of the dialect (opening or closing)."""
+    score: np.ndarray
+    """``late``'s preference: a comma counts 2, holding no closer 1."""
+    length: np.ndarray
+    lead: np.ndarray
+    """Ends with a UTF-8 lead byte."""
+    structural: np.ndarray
+    """Holds JSON punctuation or a digit: what ``longest`` weighs first."""
+    opener: np.ndarray
+    """Is one of :data:`_OPENERS`: weighed by ``longest`` wherever allowed."""
+    call_begin: np.ndarray
+    """Is the whole call tag."""
+    reasoning_begin: np.ndarray
+    """Is a whole reasoning tag."""
+    reasoning_end: int
+    """The token of the first reasoning span's closing tag (-1: none)."""
+
+
+_marks: dict[tuple[int, str], _Marks] = {}
+
+
+def _marks_for(core: ConstraintCore, dialect: Dialect) -> _Marks:
+    key = (id(core), dialect.name)
+    if key not in _marks:
+        latin1 = core.compiler.vocab.latin1
+        tags = [p.begin for p in (dialect.tool_call, *dialect.free_spans)] + [
+            p.end for p in dialect.free_spans
+        ]
+        opens = [p.begin for p in dialect.reasoning]
+        end = dialect.reasoning[0].end if dialect.reasoning else None
+        _marks[key] = _Marks(
+            np.array([any(g in p for g in tags) for p in latin1]),
+            np.array([("," in p) * 2 + (not _CLOSERS & set(p)) for p in latin1]),
+            np.array([len(p) for p in latin1]),
+            np.array([bool(p) and 0xC2 <= ord(p[-1]) <= 0xF4 for p in latin1]),
+            np.array([any(c in p for c in ',"{[:-0123456789') for p in latin1]),
+            np.array([p in _OPENERS for p in latin1]),
+            np.array([p == dialect.tool_call.begin for p in latin1]),
+            np.array([p in opens for p in latin1]),
+            latin1.index(end) if end in latin1 else -1,
+        )
+    return _marks[key]
+
+
+_NEEDS: dict[tuple[CallCompleter, str], int] = {}
+""":func:`_need` by completer and call text: replies that differ only in ``max_tokens`` play the
+same tokens until the budget first tells them apart, so their candidates repeat."""
+_NEEDS_MAX = 1 << 18
+
+
 @dataclass
 class _View:
     """What a sampler sees at a step."""
@@ -117,6 +185,28 @@ class _View:
     core: ConstraintCore
     rng: random.Random
 
+    @cached_property
+    def marks(self) -> _Marks:
+        return _marks_for(self.core, self.state.dialect)
+
+    @cached_property
+    def tail(self) -> Tail:
+        return read_tail(self.text, self.state.dialect)
+
+    @cached_property
+    def call(self) -> str | None:
+        """The call the text ends inside (from its opening tag on), if any."""
+        tail = self.tail
+        if tail.open is not None and tail.open.kind == "call":
+            return self.text[tail.open.start :]
+        return None
+
+    def first_allowed(self, which: np.ndarray) -> int | None:
+        """The first allowed token ``which`` marks, if any."""
+        allowed = self.allowed[self.allowed < len(which)]
+        hits = allowed[which[allowed]]
+        return int(hits[0]) if hits.size else None
+
 
 Sampler = Callable[[_View], int]
 
@@ -125,66 +215,33 @@ def _tools(tools: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [t if "function" in t else {"type": "function", "function": t} for t in tools]
 
 
-def _call_text(text: str, dialect: Dialect) -> str | None:
-    """The call the text ends inside (from its opening tag on), if any."""
-    tail = read_tail(text, dialect)
-    if tail.open is not None and tail.open.kind == "call":
-        return text[tail.open.start :]
-    return None
-
-
 def _need(view: _View, extra: str) -> int:
-    """The shortest completion, in tokens, of the call the text ends inside after ``extra``;
-    a large number where none is known (the adversary then prefers it)."""
+    """The shortest completion, in tokens, of the call the text ends inside after ``extra``
+    (-1 where ``extra`` closes it); a large number where none is known (the adversary then
+    prefers it). The call starts at a clean point, so it is read alone."""
     budget = view.state.budget
-    assert budget is not None
-    call = _call_text(view.text + extra, view.state.dialect)
-    if call is None:
-        return -1
-    decoded = call.encode("latin-1").decode("utf-8", errors="replace")
-    completion = budget.completer.complete(decoded)
-    if completion is None:
-        return 1 << 20
-    count = budget.speller.count(completion.encode("utf-8").decode("latin-1"))
-    return 1 << 20 if count is None else count
-
-
-@dataclass(frozen=True)
-class _Marks:
-    """Per-token facts the samplers rank by, one array each over the vocabulary."""
-
-    tags: np.ndarray
-    """Holds a tag of the dialect (opening or closing)."""
-    score: np.ndarray
-    """``late``'s preference: a comma counts 2, holding no closer 1."""
-    length: np.ndarray
-    lead: np.ndarray
-    """Ends with a UTF-8 lead byte."""
-
-
-_marks: dict[tuple[int, str], _Marks] = {}
-
-
-def _marks_of(view: _View) -> _Marks:
-    dialect = view.state.dialect
-    key = (id(view.core), dialect.name)
-    if key not in _marks:
-        latin1 = view.core.compiler.vocab.latin1
-        tags = [p.begin for p in (dialect.tool_call, *dialect.free_spans)] + [
-            p.end for p in dialect.free_spans
-        ]
-        _marks[key] = _Marks(
-            np.array([any(g in p for g in tags) for p in latin1]),
-            np.array([("," in p) * 2 + (not _CLOSERS & set(p)) for p in latin1]),
-            np.array([len(p) for p in latin1]),
-            np.array([bool(p) and 0xC2 <= ord(p[-1]) <= 0xF4 for p in latin1]),
-        )
-    return _marks[key]
+    assert budget is not None and view.call is not None
+    call = view.call + extra
+    key = (budget.completer, call)
+    if key in _NEEDS:
+        return _NEEDS[key]
+    tail = read_tail(call, view.state.dialect)
+    if tail.open is None or tail.open.kind != "call":
+        need = -1
+    else:
+        decoded = call.encode("latin-1").decode("utf-8", errors="replace")
+        completion = budget.completer.complete(decoded)
+        count = None if completion is None else budget.speller.count(as_latin1(completion))
+        need = 1 << 20 if count is None else count
+    if len(_NEEDS) >= _NEEDS_MAX:
+        _NEEDS.clear()
+    _NEEDS[key] = need
+    return need
 
 
 def _plain(view: _View) -> np.ndarray:
     """Allowed tokens that neither end the reply nor open or close a tag (all allowed if none)."""
-    marks = _marks_of(view)
+    marks = view.marks
     allowed = view.allowed[view.allowed < len(marks.tags)]
     keep = allowed[~marks.tags[allowed] & ~np.isin(allowed, view.state.stop_ids)]
     return keep if keep.size else view.allowed
@@ -200,12 +257,7 @@ def _random(view: _View) -> int:
 
 def _call_tag(view: _View) -> int | None:
     """The allowed token that opens a call, if one does (outside a call)."""
-    if _call_text(view.text, view.state.dialect) is not None:
-        return None
-    latin1 = view.core.compiler.vocab.latin1
-    begin = view.state.dialect.tool_call.begin
-    tags = [t for t in view.allowed.tolist() if latin1[t] == begin]
-    return tags[0] if tags else None
+    return None if view.call is not None else view.first_allowed(view.marks.call_begin)
 
 
 def _longest(view: _View) -> int:
@@ -213,14 +265,18 @@ def _longest(view: _View) -> int:
     if tag is not None:
         return tag
     pool = _plain(view)
-    if _call_text(view.text, view.state.dialect) is None or len(pool) == 1:
+    if view.call is None or len(pool) == 1:
         return _pick(view, pool)
+    marks = view.marks
+    pool = pool[pool < len(marks.structural)]
+    structural = pool[marks.structural[pool]]
+    rng = view.rng
+    sample = [
+        int(structural[i]) for i in rng.sample(range(len(structural)), min(len(structural), _CANDIDATES))
+    ]
+    sample += [int(pool[i]) for i in rng.sample(range(len(pool)), min(len(pool), _CANDIDATES // 3))]
+    sample += pool[marks.opener[pool]].tolist()
     latin1 = view.core.compiler.vocab.latin1
-    ids: list[int] = pool.tolist()
-    structural = [t for t in ids if any(c in latin1[t] for c in ',"{[:-0123456789')]
-    sample = view.rng.sample(structural, min(len(structural), _CANDIDATES))
-    sample += view.rng.sample(ids, min(len(ids), _CANDIDATES // 3))
-    sample += [t for t in ids if latin1[t] in _OPENERS]
     return max(sample, key=lambda t: (_need(view, latin1[t]), len(latin1[t])))
 
 
@@ -229,7 +285,7 @@ def _late(view: _View) -> int:
     if tag is not None:
         return tag
     pool = _plain(view)
-    marks = _marks_of(view)
+    marks = view.marks
     valid = pool[pool < len(marks.score)]
     if not valid.size:
         return _pick(view, pool)
@@ -239,13 +295,9 @@ def _late(view: _View) -> int:
 
 def _reasoning_tag(view: _View) -> int | None:
     """The allowed token that opens a reasoning span, if one does (outside every span)."""
-    tail = read_tail(view.text, view.state.dialect)
-    if tail.open is not None or tail.begun is not None:
+    if view.tail.open is not None or view.tail.begun is not None:
         return None
-    latin1 = view.core.compiler.vocab.latin1
-    opens = [p.begin for p in view.state.dialect.reasoning]
-    begins = [t for t in view.allowed.tolist() if latin1[t] in opens]
-    return begins[0] if begins else None
+    return view.first_allowed(view.marks.reasoning_begin)
 
 
 def _lead_bytes(view: _View) -> int:
@@ -253,7 +305,7 @@ def _lead_bytes(view: _View) -> int:
     if tag is not None:
         return tag
     pool = _plain(view)
-    marks = _marks_of(view)
+    marks = view.marks
     valid = pool[pool < len(marks.lead)]
     leads = valid[marks.lead[valid]]
     return _pick(view, leads if leads.size else pool)
@@ -277,24 +329,138 @@ def _allowed(logits: torch.Tensor) -> np.ndarray:
     return np.flatnonzero(torch.isfinite(logits[0]).numpy())
 
 
-def run(core: ConstraintCore, tokenizer: Any, scenario: Scenario, sampler: str, seed: int = 0) -> Outcome:
-    """Play one reply with ``sampler`` against ``core`` (built on ``tokenizer``'s vocabulary)."""
+class Driver(Protocol):
+    """One row of a batch, played one token a step through some entry point to the core."""
+
+    core: ConstraintCore
+
+    def admit(self, extra_args: Any, scenario: Scenario) -> RowState:
+        """Admit the request; its row's state."""
+        ...
+
+    def step(self, new: Sequence[int]) -> torch.Tensor:
+        """Hand over the tokens committed since the last step; the next step's masked logits
+        (one row, the core's width). An empty ``new`` is the first step."""
+        ...
+
+
+class CoreDriver:
+    """The core alone: :meth:`ConstraintCore.admit` and :meth:`ConstraintCore.step`."""
+
+    def __init__(self, core: ConstraintCore) -> None:
+        self.core = core
+        self._state: RowState | None = None
+
+    def admit(self, extra_args: Any, scenario: Scenario) -> RowState:
+        state = self.core.admit(
+            extra_args,
+            [],
+            max_tokens=scenario.max_tokens,
+            thinking_budget=scenario.thinking_budget,
+            stop=scenario.stop,
+        )
+        assert state is not None
+        self._state = state
+        return state
+
+    def step(self, new: Sequence[int]) -> torch.Tensor:
+        assert self._state is not None
+        logits = torch.zeros((1, self.core.vocab_size))
+        self.core.step(logits, [(0, self._state, new)])
+        return logits
+
+
+def _sampling_params(extra_args: Any, scenario: Scenario) -> Any:
+    from vllm import SamplingParams
+
+    return SamplingParams(
+        max_tokens=scenario.max_tokens,
+        extra_args=extra_args,
+        stop=list(scenario.stop) or None,
+        thinking_token_budget=scenario.thinking_budget,
+    )
+
+
+class V1Driver:
+    """The V1 adapter (:class:`~hermes_vllm.processor.v1.V1ToolCallLogitsProcessor`): the row is
+    added by a ``BatchUpdate`` holding the output list, which the step appends to, as vLLM does.
+
+    The adapter is handed ``core`` in place of the one it builds from ``vllm_config``, so that a
+    run through it plays the same grammar engine as a run through the core.
+    """
+
+    def __init__(self, core: ConstraintCore, vllm_config: VllmConfig) -> None:
+        from hermes_vllm.processor.v1 import V1ToolCallLogitsProcessor
+
+        self.core = core
+        self.proc = V1ToolCallLogitsProcessor(vllm_config, torch.device("cpu"), False)
+        self.proc.core = core
+        self._output: list[int] = []
+
+    def admit(self, extra_args: Any, scenario: Scenario) -> RowState:
+        from vllm.v1.sample.logits_processor import BatchUpdate
+
+        self._output = []
+        added: list[Any] = [(0, _sampling_params(extra_args, scenario), [], self._output)]
+        self.proc.update_state(BatchUpdate(1, [], added, []))  # row 0's earlier reply is replaced
+        return self.proc.rows[0][0]
+
+    def step(self, new: Sequence[int]) -> torch.Tensor:
+        self._output.extend(new)
+        self.proc.update_state(None)
+        logits = torch.zeros((1, self.core.vocab_size))
+        return self.proc.apply(logits)
+
+
+class V2Driver:
+    """The V2 adapter (:class:`~hermes_vllm.processor.ToolCallLogitsProcessor`) on the V2
+    runner's own buffers (:class:`~hermes_vllm.testing.v2_runner.V2Runner`): each reply in the
+    next slot (slots are reused), its tokens committed to the slot's device buffer and read
+    back by ``apply_staged_writes``. Handed ``core`` as :class:`V1Driver` is."""
+
+    _SLOTS = 4
+
+    def __init__(self, core: ConstraintCore, vllm_config: VllmConfig, max_len: int = 4096) -> None:
+        from hermes_vllm.processor import ToolCallLogitsProcessor
+        from hermes_vllm.testing.v2_runner import V2Runner
+
+        self.core = core
+        self.runner = V2Runner(self._SLOTS, max_len, core.vocab_size)
+        self.proc = ToolCallLogitsProcessor(vllm_config, self.runner.state)
+        self.proc.core = core
+        self._slot = -1
+
+    def admit(self, extra_args: Any, scenario: Scenario) -> RowState:
+        self._slot = (self._slot + 1) % self._SLOTS
+        self.runner.admit(self._slot, [])
+        assert self.proc.add_request(self._slot, _sampling_params(extra_args, scenario))
+        return self.proc.slots[self._slot]
+
+    def step(self, new: Sequence[int]) -> torch.Tensor:
+        from hermes_vllm.testing.v2_runner import context
+
+        for token in new:
+            self.runner.commit(self._slot, token)
+        self.proc.apply_staged_writes()
+        logits = torch.zeros((1, self.core.vocab_size))
+        return self.proc.apply(logits, context([self._slot]))
+
+
+def run(
+    core: ConstraintCore | Driver, tokenizer: Any, scenario: Scenario, sampler: str, seed: int = 0
+) -> Outcome:
+    """Play one reply with ``sampler`` against ``core`` (built on ``tokenizer``'s vocabulary), or
+    through a :class:`Driver` (an adapter) of one."""
+    driver: Driver = CoreDriver(core) if isinstance(core, ConstraintCore) else core
     tools = _tools(scenario.tools)
     choice = scenario.choice
     if choice not in ("required", "auto"):
         choice = {"type": "function", "function": {"name": choice}}
-    state = core.admit(
-        constraint_args(tools, choice),
-        [],
-        max_tokens=scenario.max_tokens,
-        thinking_budget=scenario.thinking_budget,
-        stop=scenario.stop,
-    )
-    assert state is not None
-    latin1 = core.compiler.vocab.latin1
+    state = driver.admit(constraint_args(tools, choice), scenario)
+    latin1 = driver.core.compiler.vocab.latin1
     dialect = state.dialect
-    begin_ids = {i for i, p in enumerate(latin1) if p in [q.begin for q in dialect.reasoning]}
-    end_id = latin1.index(dialect.reasoning[0].end) if dialect.reasoning else -1
+    marks = _marks_for(driver.core, dialect)
+    end_id = marks.reasoning_end
     pick = _SAMPLERS[sampler]
     rng = random.Random(seed)
     outcome = Outcome(sampler, "", 0, owed=scenario.choice != "auto")
@@ -303,11 +469,10 @@ def run(core: ConstraintCore, tokenizer: Any, scenario: Scenario, sampler: str, 
     span: int | None = None  # vLLM's count in the open span
     new: list[int] = []
     while len(out) < scenario.max_tokens:
-        logits = torch.zeros((1, core.vocab_size))
         budget = state.budget
         window = budget is not None and budget.max_tokens - state.consumed - len(new) <= budget.alert
         began = time.perf_counter()
-        core.step(logits, [(0, state, new)])
+        logits = driver.step(new)
         spent = time.perf_counter() - began
         if window:
             outcome.window_steps += 1
@@ -322,7 +487,7 @@ def run(core: ConstraintCore, tokenizer: Any, scenario: Scenario, sampler: str, 
         if scenario.vllm_thinking and span is not None and span >= (scenario.thinking_budget or 0):
             token = end_id  # vLLM forces it, whatever the mask says
         else:
-            token = pick(_View(allowed, text, state, core, rng))
+            token = pick(_View(allowed, text, state, driver.core, rng))
         out.append(token)
         new = [token]
         if token in state.stop_ids:
@@ -330,7 +495,7 @@ def run(core: ConstraintCore, tokenizer: Any, scenario: Scenario, sampler: str, 
             break
         piece = latin1[token] if 0 <= token < len(latin1) else ""
         text += piece
-        if span is None and token in begin_ids:
+        if span is None and 0 <= token < len(marks.reasoning_begin) and marks.reasoning_begin[token]:
             span = 0
         elif span is not None:
             span = None if token == end_id else span + 1
@@ -341,7 +506,7 @@ def run(core: ConstraintCore, tokenizer: Any, scenario: Scenario, sampler: str, 
             text = decoded[: min(hit)].encode("utf-8").decode("latin-1")
             break
     if state.failed is None and new:
-        core.advance(state, new)  # the last token reaches the engine (vLLM feeds it too)
+        driver.step(new)  # the last token reaches the engine (vLLM feeds it too)
         outcome.failed = state.failed
     outcome.tokens = len(out)
     outcome.text = text.encode("latin-1").decode("utf-8", errors="replace")

@@ -3,7 +3,9 @@
 Shared by the server test (ours must pass every one) and ``benchmarks/budget.py`` (the same
 scenarios against vLLM's own constraint, in the same run). The model is the random tiny one at
 temperature 1 with a bias toward ``"``, ``}`` and ``]`` only, except where a scenario says so:
-nothing pushes it toward the call tag.
+nothing pushes it toward the call tag. The "tight" budgets leave the model almost no choice (the
+budget writes nearly every token); the :data:`MIDDLE` ones leave it 20 tokens past the reserve
+and no bias at all.
 
 Every reply is also held to what the budget promises whatever the scenario: the turn's reasoning
 within ``thinking_token_budget``, ``usage`` counting the reasoning tokens, and a reply holding a
@@ -40,6 +42,9 @@ WEATHER = {
 MESSAGES = [{"role": "user", "content": "Please help."}]
 THINKING_BUDGET = 24
 CLOSED_THEN_ENDED = "required, tight, the turn's end pushed"
+MIDDLE_ROOM = 20
+MIDDLE = f"reserve+{MIDDLE_ROOM}, no bias"
+"""The budget in the middle: the turn's reserve and 20 tokens, nothing pushing the model anywhere."""
 
 
 @dataclass(frozen=True)
@@ -215,8 +220,11 @@ def cases(tokenizer: Any, sets: int = 2) -> list[Case]:
         named: dict[str, Any] = {"type": "function", "function": {"name": tools[0]["function"]["name"]}}
         choices: list[tuple[str, Any]] = [("required", "required"), ("named", named)]
         for label, choice in choices:
-            for budget, max_tokens in (("400", 400), ("tight", tight_max_tokens(tokenizer, tools, choice))):
-                kwargs = {"tool_choice": choice, "max_tokens": max_tokens, "logit_bias": bias}
+            budgets = [("400", 400, bias), ("tight", tight_max_tokens(tokenizer, tools, choice), bias)]
+            # The model chooses: room for a call and some, no bias at all (a weak model's turn).
+            budgets.append((MIDDLE, reserve(tokenizer, tools, choice) + MIDDLE_ROOM, {}))
+            for budget, max_tokens, push in budgets:
+                kwargs = {"tool_choice": choice, "max_tokens": max_tokens, "logit_bias": push}
                 out += [Case(f"{label} max_tokens={budget}", tools, kwargs, s) for s in streams]
         pushed = {str(k): v for k, v in call_bias(tokenizer).items()}
         out += [Case("auto, calls pushed, max_tokens=40", tools, {"max_tokens": 40, "logit_bias": pushed}, s)
