@@ -5,14 +5,20 @@ Each server gets the same tool-calling requests (a mix of ``tool_choice="require
 call's arguments validate against its tool's JSON schema (``jsonschema``). The table shows how
 many were, per server, with one reply each.
 
-Without ``--model`` it builds a tiny random-weight model on Qwen 3's tokenizer (no model hub
-needed) and serves it on the CPU. A random model writes garbage, which is the point: whatever
-valid calls it returns, a constraint made them so. It almost never closes a JSON string, so every
-request favours tokens holding ``"``, ``}`` or ``]`` (:func:`hermes_vllm.testing.bias.call_bias`),
-the same on every server. Nor does it open a call by itself: ``auto`` requests also favour the
-call tag; ``required`` ones do not, so their call comes from the constraint and its token budget
-alone. With ``--model`` (a Hugging Face id or path) it serves that model with vLLM's defaults for
-the platform and no bias.
+Without ``--model`` it serves, on the CPU and with no logit bias, the small tool-calling model
+trained here (:mod:`hermes_vllm.testing.trained_model`; trained on first use, then taken from the
+cache) and asks it held-out BFCL questions, never trained on: a model that tries, and fails the
+way weak models fail. A reply also counts its "right tool": every call names one of the item's
+expected functions.
+
+``--random`` serves a tiny random-weight model instead (the tests' model) on the demo's own three
+tools. A random model writes garbage, which is the point: whatever valid calls it returns, a
+constraint made them so. It almost never closes a JSON string, so every request favours tokens
+holding ``"``, ``}`` or ``]`` (:func:`hermes_vllm.testing.bias.call_bias`), the same on every
+server. Nor does it open a call by itself: ``auto`` requests also favour the call tag;
+``required`` ones do not, so their call comes from the constraint and its token budget alone.
+With ``--model`` (a Hugging Face id or path) it serves that model on the demo's tools with
+vLLM's defaults for the platform and no bias.
 """
 
 from __future__ import annotations
@@ -84,7 +90,23 @@ PROMPTS: tuple[str, ...] = (
     "Find me a cheap Italian restaurant in Rome.",
     "Will it rain in Tokyo over the next 3 days? Answer in fahrenheit.",
 )
-SCHEMAS: Mapping[str, Any] = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+EXPECTED: tuple[str, ...] = ("get_weather", "calculate_triangle_area", "find_restaurants", "get_weather")
+"""The right tool of each prompt."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """One question as every server is asked it, and what judges the reply."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+    tool_choice: str
+    expected: tuple[str, ...]
+    """The tool names a right reply calls (any of them, for every call)."""
+
+    @property
+    def schemas(self) -> dict[str, Any]:
+        return {t["function"]["name"]: t["function"]["parameters"] for t in self.tools}
 
 
 @dataclass(frozen=True)
@@ -133,6 +155,8 @@ class Outcome:
     tool_choice: str
     problem: str
     shown: str
+    right_tool: bool = False
+    """It holds a call and every call names one of the request's expected tools."""
 
 
 def _calls(message: ChatCompletionMessage) -> list[ChatCompletionMessageFunctionToolCall]:
@@ -142,15 +166,18 @@ def _calls(message: ChatCompletionMessage) -> list[ChatCompletionMessageFunction
     return [c for c in message.tool_calls or [] if isinstance(c, ChatCompletionMessageFunctionToolCall)]
 
 
-def judge(message: ChatCompletionMessage) -> str:
+NO_CALL = "no call parsed"
+
+
+def judge(message: ChatCompletionMessage, schemas: Mapping[str, Any]) -> str:
     """Why ``message`` holds no valid call, or ``""`` when it holds at least one and all are valid."""
     import jsonschema
 
     calls = _calls(message)
     if not calls:
-        return "no call parsed"
+        return NO_CALL
     for call in calls:
-        schema = SCHEMAS.get(call.function.name)
+        schema = schemas.get(call.function.name)
         if schema is None:
             return f"unknown tool {call.function.name!r}"
         try:
@@ -175,30 +202,76 @@ def _show(message: ChatCompletionMessage) -> str:
     return "content " + json.dumps(message.content or "", ensure_ascii=False)
 
 
-def ask(client: Any, setup: Setup, prompt: str, tool_choice: str) -> Outcome:
+def ask(client: Any, setup: Setup, request: Request) -> Outcome:
+    choice_ = request.tool_choice
     reply = client.chat.completions.create(
         model=setup.model,
-        messages=[{"role": "user", "content": prompt}],
-        tools=list(TOOLS),
-        tool_choice=tool_choice,
+        messages=request.messages,
+        tools=request.tools,
+        tool_choice=choice_,
         max_tokens=setup.max_tokens,
         temperature=1.0,
-        extra_body={"logit_bias": dict(setup.bias[tool_choice])} if tool_choice in setup.bias else None,
+        extra_body={"logit_bias": dict(setup.bias[choice_])} if choice_ in setup.bias else None,
     )
     choice = reply.choices[0]
-    problem = judge(choice.message)
+    problem = judge(choice.message, request.schemas)
     if problem and choice.finish_reason == "length":
         problem += ", cut at max_tokens"
-    return Outcome(tool_choice, problem, _show(choice.message))
+    calls = _calls(choice.message)
+    right = bool(calls) and all(c.function.name in request.expected for c in calls)
+    return Outcome(choice_, problem, _show(choice.message), right)
 
 
-def requests(count: int) -> list[tuple[str, str]]:
-    """``count`` (prompt, tool_choice) pairs cycling over the prompts, three ``required`` per ``auto``."""
-    choices = ("required", "required", "required", "auto")
-    return [(PROMPTS[i % len(PROMPTS)], choices[i % len(choices)]) for i in range(count)]
+CHOICES = ("required", "required", "required", "auto")
+"""Three ``required`` requests per ``auto`` one on the random model."""
 
 
-def serve_and_ask(server: Server, setup: Setup, batch: Sequence[tuple[str, str]]) -> list[Outcome]:
+def requests(count: int) -> list[Request]:
+    """``count`` requests on the demo's tools cycling over its prompts, three ``required`` per ``auto``."""
+    return [
+        Request(
+            [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
+            list(TOOLS),
+            CHOICES[i % len(CHOICES)],
+            (EXPECTED[i % len(PROMPTS)],),
+        )
+        for i in range(count)
+    ]
+
+
+HELD_OUT_CATEGORIES = (
+    "simple_python",
+    "multiple",
+    "live_simple",
+    "parallel",
+    "live_multiple",
+    "parallel_multiple",
+)
+"""The held-out BFCL categories the trained model is asked, in turn."""
+
+
+def held_out_requests(count: int, max_prompt_chars: int = 4000) -> list[Request]:
+    """``count`` held-out BFCL questions, categories in turn, ``required`` and ``auto`` alternating.
+
+    Items with long tool sets are skipped (the CPU server's context is short); the choice is fixed.
+    """
+    from hermes_vllm.testing.trained_model import held_out_items
+
+    pools: dict[str, list[Any]] = {c: [] for c in HELD_OUT_CATEGORIES}
+    for item in held_out_items():
+        if (
+            item.category in pools
+            and len(json.dumps(item.tools)) + len(json.dumps(item.messages)) <= max_prompt_chars
+        ):
+            pools[item.category].append(item)
+    picked = [pools[c][i // len(pools)] for i in range(count) for c in [HELD_OUT_CATEGORIES[i % len(pools)]]]
+    return [
+        Request(item.messages, item.tools, ("required", "auto")[i % 2], tuple(item.expected_names))
+        for i, item in enumerate(picked)
+    ]
+
+
+def serve_and_ask(server: Server, setup: Setup, batch: Sequence[Request]) -> list[Outcome]:
     """Start ``server``, send every request at once (the engine batches them), stop it."""
     from openai import OpenAI
 
@@ -210,7 +283,7 @@ def serve_and_ask(server: Server, setup: Setup, batch: Sequence[tuple[str, str]]
     with openai_server(setup.model, args, CPU_ENV if setup.on_cpu else None) as url:
         client = OpenAI(base_url=url, api_key="unused")
         with ThreadPoolExecutor(max_workers=len(batch)) as pool:
-            outcomes = list(pool.map(lambda r: ask(client, setup, *r), batch))
+            outcomes = list(pool.map(lambda r: ask(client, setup, r), batch))
     print(f"  done in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
     return outcomes
 
@@ -223,11 +296,12 @@ def _tally(outcomes: Sequence[Outcome], choice: str | None) -> str:
 def report(results: Mapping[str, Sequence[Outcome]]) -> str:
     """The side-by-side table and one reply per server: its first invalid one, else its shortest."""
     width = max(len(label) for label in results)
-    lines = [f"{'server':<{width}}  required  auto  valid", "-" * (width + 23)]
+    lines = [f"{'server':<{width}}  required  auto  valid  right tool", "-" * (width + 35)]
     for label, outcomes in results.items():
+        right = f"{sum(o.right_tool for o in outcomes)}/{len(outcomes)}"
         lines.append(
             f"{label:<{width}}  {_tally(outcomes, 'required'):>8}  {_tally(outcomes, 'auto'):>4}"
-            f"  {_tally(outcomes, None):>5}"
+            f"  {_tally(outcomes, None):>5}  {right:>10}"
         )
     lines.append("")
     for label, outcomes in results.items():
@@ -238,44 +312,79 @@ def report(results: Mapping[str, Sequence[Outcome]]) -> str:
     return "\n".join(lines)
 
 
-def run(model: str | None, tokenizer_name: TokenizerName, count: int, max_tokens: int) -> int:
-    """Serve the requests on each server in turn, print the comparison; 0 when ours is all valid."""
-    import torch
+def _random_setup(tokenizer_name: TokenizerName, max_tokens: int, on_cpu: bool) -> Setup:
+    """The tiny random model and the bias it needs to finish calls (the same on every server)."""
     from transformers import AutoTokenizer
 
     from hermes_vllm.testing import tiny_model_path
     from hermes_vllm.testing.bias import call_bias
 
-    served = str(tiny_model_path(tokenizer_name)) if model is None else model
-    bias: dict[str, dict[str, float]] = {}
-    if model is None:
-        tokenizer = AutoTokenizer.from_pretrained(served)
-        favoured = call_bias(tokenizer, tag_boost=TAG_BOOST)
-        closers = call_bias(tokenizer, dialects=())
-        bias = {
-            "required": {str(k): v for k, v in closers.items()},
-            "auto": {str(k): v for k, v in favoured.items()},
-        }
-        print(
-            f"tiny random-weight model, {tokenizer_name} tokenizer ({len(tokenizer)} tokens). "
-            f"Logit bias, the same on every server: +{max(closers.values()):.0f} on the "
-            f'{len(closers)} tokens holding " }} or ]; under auto also +{max(favoured.values()):.0f} '
-            "on <tool_call> (a random model seldom opens a call); nothing toward it under required"
-        )
-    else:
-        print(f"{model}, no bias")
-    setup = Setup(served, max_tokens, bias, on_cpu=not torch.cuda.is_available())
-    batch = requests(count)
+    served = str(tiny_model_path(tokenizer_name))
+    tokenizer = AutoTokenizer.from_pretrained(served)
+    favoured = call_bias(tokenizer, tag_boost=TAG_BOOST)
+    closers = call_bias(tokenizer, dialects=())
     print(
-        f"{len(batch)} requests per server, {len(TOOLS)} tools each, max_tokens {max_tokens}, temperature 1"
+        f"tiny random-weight model, {tokenizer_name} tokenizer ({len(tokenizer)} tokens). "
+        f"Logit bias, the same on every server: +{max(closers.values()):.0f} on the "
+        f'{len(closers)} tokens holding " }} or ]; under auto also +{max(favoured.values()):.0f} '
+        "on <tool_call> (a random model seldom opens a call); nothing toward it under required"
     )
+    bias = {
+        "required": {str(k): v for k, v in closers.items()},
+        "auto": {str(k): v for k, v in favoured.items()},
+    }
+    return Setup(served, max_tokens, bias, on_cpu)
+
+
+def run(
+    model: str | None,
+    tokenizer_name: TokenizerName,
+    count: int,
+    max_tokens: int,
+    *,
+    random_model: bool = False,
+    steps: int | None = None,
+) -> int:
+    """Serve the requests on each server in turn, print the comparison.
+
+    0 when every hermes-vllm ``required`` reply holds a schema-valid call and no reply of it
+    holds an invalid one (under ``auto`` a model may rightly answer without a call).
+    """
+    import torch
+
+    on_cpu = not torch.cuda.is_available()
+    if random_model:
+        setup, batch = _random_setup(tokenizer_name, max_tokens, on_cpu), requests(count)
+    elif model is not None:
+        print(f"{model}, no bias")
+        setup, batch = Setup(model, max_tokens, {}, on_cpu), requests(count)
+    else:
+        from dataclasses import replace
+
+        from hermes_vllm.testing.trained_model import DEFAULT_RECIPE, trained_model_path
+
+        recipe = DEFAULT_RECIPE if steps is None else replace(DEFAULT_RECIPE, steps=steps)
+        served = str(trained_model_path(recipe))
+        print(
+            f"model trained here ({recipe.steps} steps, recipe {recipe.digest()}), "
+            "held-out BFCL items, no bias"
+        )
+        setup, batch = Setup(served, max_tokens, {}, on_cpu), held_out_requests(count)
+    fewest, most = min(len(r.tools) for r in batch), max(len(r.tools) for r in batch)
+    offered = str(most) if fewest == most else f"{fewest}-{most}"
+    print(f"{len(batch)} requests per server, {offered} tools each, max_tokens {max_tokens}, temperature 1")
     results = {s.label: serve_and_ask(s, setup, batch) for s in SERVERS}
     print(report(results))
-    return 0 if all(not o.problem for o in results[OURS]) else 1
+    ours = results[OURS]
+    failed = any(o.problem and (o.tool_choice == "required" or o.problem != NO_CALL) for o in ours)
+    return 1 if failed else 0
 
 
 HELP = "serve the same tool-call requests with vLLM's hermes parser and with hermes-vllm, compare"
-DESCRIPTION = "Exit status 0 when every hermes-vllm reply holds a schema-valid call."
+DESCRIPTION = (
+    "Exit status 0 when every hermes-vllm required reply holds a schema-valid call "
+    "and none holds an invalid one."
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -283,13 +392,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from hermes_vllm.testing.tiny_model import TOKENIZER_NAMES
 
     parser.add_argument(
-        "--model", default=None, help="HF id or path (default: build and serve the tiny random model)"
+        "--model", default=None, help="HF id or path (default: train or reuse the model trained here)"
+    )
+    parser.add_argument(
+        "--random", action="store_true", help="serve the tiny random-weight model (the tests' model) instead"
+    )
+    parser.add_argument(
+        "--steps", type=int, default=None, help="the trained model's step count (default: the recipe's)"
     )
     parser.add_argument(
         "--tokenizer",
         choices=TOKENIZER_NAMES,
         default=DEFAULT_TOKENIZER,
-        help=f"the tiny model's tokenizer (default {DEFAULT_TOKENIZER})",
+        help=f"the random model's tokenizer (default {DEFAULT_TOKENIZER})",
     )
     parser.add_argument("--requests", type=int, default=8, help="requests per server (default 8)")
     parser.add_argument("--max-tokens", type=int, default=200)
@@ -297,7 +412,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_args(args: argparse.Namespace) -> int:
     """:func:`run` with the options :func:`add_arguments` declared."""
-    return run(args.model, args.tokenizer, args.requests, args.max_tokens)
+    return run(
+        args.model, args.tokenizer, args.requests, args.max_tokens, random_model=args.random, steps=args.steps
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
