@@ -10,13 +10,12 @@ greedy (temperature 0, seed 0), no logit bias:
 - ``vLLM strict``: the same with ``--tool-strict-level parameter`` (vLLM's own constraint), ``auto``;
 - ``ours auto`` / ``ours required`` / ``ours named`` (the named tool, on the items that expect
   one call);
-- ``ours required`` again with ``HERMES_VLLM_MAX_CALL_WHITESPACE`` 0 and 8 (default 1).
+- ``ours required`` again with ``HERMES_VLLM_MAX_CALL_WHITESPACE`` 0 and 8 (default 1), and with
+  ``HERMES_VLLM_CALL_KEY_ORDER=any`` (top-level arguments in any order; default: declared order).
 
-Key order is not a setting: every engine writes a tool's properties in declared order. What the
-forced order could cost shows where the model is free: ``off_order`` counts the calls of each
-configuration whose arguments do not follow the declared order (the unconstrained ones say
-whether the model ever wants another order), and ``target_order_differs_from_schema`` the items
-whose training-style target does.
+``off_order`` counts each configuration's calls whose arguments do not follow the declared order
+(the unconstrained ones say whether the model ever wants another order), and
+``target_order_differs_from_schema`` the items whose training-style target does.
 
 Per configuration: parse rate, schema-valid rate, right tool, BFCL exact arguments
 (:mod:`hermes_vllm.testing.bfcl_judge`), completion tokens per reply, wall time of the batch.
@@ -70,6 +69,9 @@ SERVERS: dict[str, Server] = {
     "ours": Server(OURS, {}, (("ours auto", "auto"), ("ours required", "required"), ("ours named", "named"))),
     "ours_ws0": Server(OURS, {"HERMES_VLLM_MAX_CALL_WHITESPACE": "0"}, (("ours required ws0", "required"),)),
     "ours_ws8": Server(OURS, {"HERMES_VLLM_MAX_CALL_WHITESPACE": "8"}, (("ours required ws8", "required"),)),
+    "ours_any_order": Server(
+        OURS, {"HERMES_VLLM_CALL_KEY_ORDER": "any"}, (("ours required any order", "required"),)
+    ),
 }
 GROUPS: dict[str, tuple[str, ...]] = {
     "simple": ("simple_python",),
