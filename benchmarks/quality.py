@@ -27,6 +27,7 @@ Usage: python benchmarks/quality.py [--items 100] [--model PATH] [--servers a,b]
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import os
@@ -85,9 +86,22 @@ def group_of(item: Item) -> str:
     return next(g for g, categories in GROUPS.items() if item.category in categories)
 
 
+def _interleaved(lists: Sequence[list[Item]]) -> list[Item]:
+    """The lists' items taken in turn, one from each list that has any left."""
+    out: list[Item] = []
+    for row in itertools.zip_longest(*lists):
+        out += [i for i in row if i is not None]
+    return out
+
+
 def pick_items(count: int, fits: Callable[[Item], bool]) -> list[Item]:
-    """``count`` held-out items that ``fits`` admits, taken in turn from each group (file order)."""
-    pools = {g: [i for i in held_out_items() if group_of(i) == g and fits(i)] for g in GROUPS}
+    """``count`` held-out items that ``fits`` admits, taken in turn from each group, and within a
+    group in turn from each of its BFCL files (file order)."""
+    admitted = [i for i in held_out_items() if fits(i)]
+    pools = {
+        g: _interleaved([[i for i in admitted if i.category == c] for c in categories])
+        for g, categories in GROUPS.items()
+    }
     picked: list[Item] = []
     while len(picked) < count and any(pools.values()):
         for pool in pools.values():
@@ -148,6 +162,7 @@ class Result:
             "exact": rate(lambda v: v.exact),
             "calls": sum(o.calls for o in self.outcomes),
             "off_order": sum(o.off_order for o in self.outcomes),
+            "http_errors": sum(o.verdict.problem.startswith("HTTP error") for o in self.outcomes),
             "tokens_per_reply": round(statistics.mean(o.tokens for o in self.outcomes), 1) if n else 0.0,
             "reply_s_mean": round(statistics.mean(o.seconds for o in self.outcomes), 3) if n else 0.0,
             "wall_s": round(self.wall_s, 1),
@@ -253,13 +268,15 @@ def order_differs(item: Item) -> bool:
 
 def markdown(summaries: dict[str, dict[str, Any]]) -> str:
     lines = [
-        "| configuration | items | parse | schema-valid | right tool | exact args | tokens/reply | wall s |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| configuration | items | parse | schema-valid | right tool | exact args | calls off declared order "
+        "| tokens/reply | wall s |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for label, s in summaries.items():
         lines.append(
             f"| {label} | {s['items']} | {s['parse']:.0%} | {s['valid']:.0%} | {s['right_tool']:.0%} "
-            f"| {s['exact']:.0%} | {s['tokens_per_reply']:.0f} | {s['wall_s']:.0f} |"
+            f"| {s['exact']:.0%} | {s['off_order']}/{s['calls']} | {s['tokens_per_reply']:.0f} "
+            f"| {s['wall_s']:.0f} |"
         )
     return "\n".join(lines) + "\n"
 
