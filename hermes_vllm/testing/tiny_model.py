@@ -97,11 +97,20 @@ def silence_padding(model: Any, num_tokens: int) -> None:
     A real model never saw padding ids as targets and gives them no mass; vLLM itself does not
     mask them (its detokenizer turns one into ""), and our processor's masks refuse them only
     inside constrained spans. A random head would sample them like any token, so the tiny model
-    is made to behave like the real one: hidden dimension 0 of the residual stream is held at the
-    embeddings' scale (every embedding carries it, no layer reads it: the norms' weight there is
-    0; none writes it: its rows of ``o_proj`` and ``down_proj`` are 0), so after the final norm
-    it is about 1 and positive; padding rows read only it, with a weight of ``PADDING_LOGIT``;
-    real rows ignore it. In float32 softmax, e**-1e4 is exactly 0.
+    is made to behave like the real one (:func:`pin_silent_channel`, :func:`silence_rows`).
+    """
+    pin_silent_channel(model)
+    silence_rows(model, slice(num_tokens, None))
+
+
+def pin_silent_channel(model: Any) -> None:
+    """Reserve hidden dimension 0 of the residual stream as a constant, positive channel.
+
+    It is held at the embeddings' scale (every embedding carries it, no layer reads it: the
+    norms' weight there is 0; none writes it: its rows of ``o_proj`` and ``down_proj`` are 0), so
+    after the final norm it is positive at every position; no head row reads it (column 0 is 0)
+    until :func:`silence_rows` gives some rows a large negative weight on it. Training calls this
+    after every step to keep the channel as it is (:mod:`hermes_vllm.testing.trained_model`).
     """
     import torch
 
@@ -114,10 +123,20 @@ def silence_padding(model: Any, num_tokens: int) -> None:
             layer.post_attention_layernorm.weight[0] = 0.0
             layer.self_attn.o_proj.weight[0, :] = 0.0
             layer.mlp.down_proj.weight[0, :] = 0.0
+        model.lm_head.weight[:, 0] = 0.0
+
+
+def silence_rows(model: Any, rows: Any, weight: float = PADDING_LOGIT) -> None:
+    """Make the head ``rows`` (an index or a mask) read only the channel of
+    :func:`pin_silent_channel`, with ``weight``: their logits are then strongly negative at every
+    position, whatever the rest of the model computes. In float32 softmax, e**-1e4 is exactly 0.
+    """
+    import torch
+
+    with torch.no_grad():
         head = model.lm_head.weight
-        head[:num_tokens, 0] = 0.0
-        head[num_tokens:, :] = 0.0
-        head[num_tokens:, 0] = PADDING_LOGIT
+        head[rows, :] = 0.0
+        head[rows, 0] = weight
 
 
 def build_tiny_model(

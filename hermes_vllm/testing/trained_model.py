@@ -23,20 +23,30 @@ Usage: ``python -m hermes_vllm.testing.trained_model [--steps N] [OUT]``
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import logging
-from dataclasses import dataclass
+import math
+import random
+import shutil
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+from hermes_vllm.testing.artifacts import unpacked
 from hermes_vllm.testing.corpus import BFCL_FILES, as_openai_tool, registry_corpus
+from hermes_vllm.testing.registry_tokenizers import LOGITS_WIDTH
+from hermes_vllm.testing.tiny_model import BUILD_VERSION, load_tokenizer, pin_silent_channel, silence_rows
 
 logger = logging.getLogger(__name__)
 
 DATA_VERSION = 1
 """Bump when the examples built from the corpus change, so cached models are retrained."""
+SIMPLE_ARGUMENTS = 2
+"""The most arguments a call of the curriculum's first stage has."""
 HELD_OUT_EVERY = 5
 """One item in this many is held out (by a hash of its id, not by its position in a file)."""
 
@@ -146,3 +156,283 @@ def held_out_items() -> list[Item]:
 def training_items() -> list[Item]:
     """The items the model is trained on: every renderable item not held out."""
     return [item for item in bfcl_items() if not is_held_out(item.id)]
+
+
+@dataclass(frozen=True)
+class Example:
+    """One training sequence: the prompt's token ids and the reply's, which alone carry the loss."""
+
+    item_id: str
+    prompt: list[int]
+    reply: list[int]
+    simple: bool
+    """One tool offered, one call with few arguments: the curriculum's first stage."""
+
+
+def reasoning_for(item: Item) -> str | None:
+    """The ``<think>`` text some training replies carry (fixed by the item id: one in three),
+    naming the tool(s) before the call, so reasoning first and then a call is a pattern seen."""
+    if int(hashlib.sha256(f"think:{item.id}".encode()).hexdigest()[:8], 16) % 3:
+        return None
+    names = list(dict.fromkeys(item.expected_names))
+    plural = "calls" if len(item.target) > 1 else "call"
+    return f"The user asks for {', '.join(names)}. I will make {len(item.target)} {plural}."
+
+
+def assistant_message(calls: list[Call], reasoning: str | None = None) -> dict[str, Any]:
+    """The assistant turn that makes ``calls``, as Qwen 3's chat template reads one."""
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls
+        ],
+    }
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
+    return message
+
+
+def _ids(rendered: Any) -> list[int]:
+    ids = rendered["input_ids"] if hasattr(rendered, "keys") else rendered
+    return [int(i) for i in ids]
+
+
+def render(tokenizer: Any, item: Item, reasoning: str | None = None) -> tuple[str, str]:
+    """(prompt, reply) text of ``item`` answered with its target calls, through the tokenizer's
+    chat template: the prompt is what a server renders for the request (generation prompt
+    included), the reply what the model is trained to write after it (up to ``<|im_end|>``)."""
+    prompt = tokenizer.apply_chat_template(
+        item.messages, tools=item.tools, add_generation_prompt=True, tokenize=False
+    )
+    full = tokenizer.apply_chat_template(
+        [*item.messages, assistant_message(item.target, reasoning)], tools=item.tools, tokenize=False
+    )
+    if not full.startswith(prompt):
+        raise ValueError(f"{item.id}: the template's conversation does not extend its generation prompt")
+    return prompt, full[len(prompt) :].rstrip("\n")
+
+
+def build_examples(tokenizer: Any, items: list[Item], max_prompt_tokens: int) -> list[Example]:
+    """The training sequences of ``items`` whose prompt fits in ``max_prompt_tokens``."""
+    examples = []
+    for item in items:
+        prompt, reply = render(tokenizer, item, reasoning_for(item))
+        prompt_ids = _ids(tokenizer(prompt, add_special_tokens=False))
+        if len(prompt_ids) > max_prompt_tokens:
+            continue
+        reply_ids = _ids(tokenizer(reply, add_special_tokens=False))
+        simple = (
+            len(item.tools) == 1
+            and len(item.target) == 1
+            and len(item.target[0].arguments) <= SIMPLE_ARGUMENTS
+        )
+        examples.append(Example(item.id, prompt_ids, reply_ids, simple))
+    return examples
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything that decides the weights: the same recipe gives byte-identical files on one
+    machine (a fixed seed, a fixed step count, a fixed thread count: never a time limit)."""
+
+    steps: int = 400
+    seed: int = 0
+    hidden_size: int = 128
+    num_layers: int = 4
+    intermediate_size: int = 384
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    batch_size: int = 4
+    learning_rate: float = 3e-3
+    warmup_steps: int = 20
+    curriculum: float = 0.2
+    """The share of steps drawn from the simple examples only (one tool, one short call)."""
+    max_prompt_tokens: int = 640
+    threads: int = 2
+    """Kernels reduce in another order on another thread count, so it is part of the recipe."""
+    silent_weight: float = -1e6
+    """The head weight of never-seen tokens on the constant channel (:func:`silence_rows`)."""
+    data_version: int = DATA_VERSION
+    build_version: int = BUILD_VERSION
+
+    def digest(self) -> str:
+        """A short hash of every field: the model's name in the artifact cache."""
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+
+
+DEFAULT_RECIPE = Recipe()
+
+
+def _batches(examples: list[Example], batch_size: int, rng: random.Random) -> Iterator[list[Example]]:
+    """Endless batches: each pass shuffled, batches cut from runs of similar length (less padding)."""
+    while True:
+        order = examples[:]
+        rng.shuffle(order)
+        chunk = batch_size * 16
+        batches = []
+        for start in range(0, len(order), chunk):
+            run = sorted(order[start : start + chunk], key=lambda e: len(e.prompt) + len(e.reply))
+            batches += [run[i : i + batch_size] for i in range(0, len(run), batch_size)]
+        rng.shuffle(batches)
+        yield from batches
+
+
+def _tensors(batch: list[Example], pad_id: int) -> tuple[Any, Any, Any]:
+    """(input ids, attention mask, target ids with -100 where no loss), right-padded."""
+    import torch
+
+    width = max(len(e.prompt) + len(e.reply) for e in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    labels = torch.full((len(batch), width), -100, dtype=torch.long)
+    for row, example in enumerate(batch):
+        sequence = example.prompt + example.reply
+        ids[row, : len(sequence)] = torch.tensor(sequence)
+        mask[row, : len(sequence)] = 1
+        # position t predicts token t + 1: the reply's tokens are predicted from len(prompt) - 1 on
+        labels[row, len(example.prompt) - 1 : len(sequence) - 1] = torch.tensor(example.reply)
+    return ids, mask, labels
+
+
+def _new_model(recipe: Recipe, tokenizer: Any, vocab_size: int, pad_id: int) -> Any:
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=recipe.hidden_size,
+        intermediate_size=recipe.intermediate_size,
+        num_hidden_layers=recipe.num_layers,
+        num_attention_heads=recipe.num_heads,
+        num_key_value_heads=recipe.num_kv_heads,
+        head_dim=recipe.hidden_size // recipe.num_heads,
+        max_position_embeddings=4096,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=pad_id,
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+    )
+    return Qwen3ForCausalLM(config)
+
+
+def train(recipe: Recipe, out: Path, items: list[Item] | None = None) -> None:
+    """Train the model of ``recipe`` and write it, servable by vLLM, to ``out``.
+
+    Training runs on a compact vocabulary, the tokens the training data holds (about 11k of
+    Qwen 3's 151,936 logits): the full softmax over them costs a tenth of the full head, and the
+    optimizer never walks 150k idle embedding rows. The trained rows are then put back in place
+    in a full-width model; every other head row reads only a reserved constant channel with a
+    large negative weight (:func:`pin_silent_channel`, :func:`silence_rows`), so tokens never
+    seen get no mass, as in a real model: a head row that got no gradient would keep a logit
+    near 0, far above the seen but wrong tokens. The head is untied, so that leaves the input
+    embeddings of unseen prompt tokens alone (small, as initialised).
+
+    ``items`` replaces the training split (tests train on a handful of items).
+    """
+    import torch
+    from tqdm import tqdm
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = load_tokenizer("qwen3", out / "_base_tokenizer")
+    tokenizer.save_pretrained(str(out))
+    shutil.rmtree(out / "_base_tokenizer")
+
+    examples = build_examples(
+        tokenizer, training_items() if items is None else items, recipe.max_prompt_tokens
+    )
+    simple = [e for e in examples if e.simple]
+    seen = sorted({t for e in examples for t in (*e.prompt, *e.reply)} | {tokenizer.pad_token_id})
+    logger.info("%d training examples (%d simple), %d distinct tokens", len(examples), len(simple), len(seen))
+    width = max(len(tokenizer), LOGITS_WIDTH["qwen3"])
+    compact = torch.full((width,), -100, dtype=torch.long)
+    compact[torch.tensor(seen)] = torch.arange(len(seen))
+
+    torch.set_num_threads(recipe.threads)
+    torch.manual_seed(recipe.seed)
+    rng = random.Random(recipe.seed)
+    model = _new_model(recipe, tokenizer, len(seen), int(compact[tokenizer.pad_token_id]))
+    pin_silent_channel(model)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.learning_rate, weight_decay=0.01)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: _lr_factor(recipe, step))
+    first, rest = (
+        _batches(simple or examples, recipe.batch_size, rng),
+        _batches(examples, recipe.batch_size, rng),
+    )
+    curriculum_steps = int(recipe.steps * recipe.curriculum)
+    with tqdm(range(recipe.steps), desc="training", unit="step") as bar:
+        for step in bar:
+            batch = next(first if step < curriculum_steps else rest)
+            ids, mask, labels = _tensors(batch, tokenizer.pad_token_id)
+            hidden = model.model(input_ids=compact[ids], attention_mask=mask).last_hidden_state
+            where = labels != -100
+            loss = torch.nn.functional.cross_entropy(model.lm_head(hidden[where]), compact[labels[where]])
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            schedule.step()
+            pin_silent_channel(model)
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+    _widen(recipe, tokenizer, model, torch.tensor(seen), width).save_pretrained(
+        str(out), safe_serialization=True
+    )
+    (out / MARKER).write_text(
+        json.dumps({"recipe": asdict(recipe), "digest": recipe.digest()}), encoding="utf-8"
+    )
+
+
+def _widen(recipe: Recipe, tokenizer: Any, compact: Any, seen: Any, width: int) -> Any:
+    """The full-width model: ``compact``'s layers, its rows at the ``seen`` ids, the rest silent."""
+    import torch
+
+    model = _new_model(recipe, tokenizer, width, tokenizer.pad_token_id)
+    state = {
+        k: v for k, v in compact.state_dict().items() if not k.startswith(("lm_head", "model.embed_tokens"))
+    }
+    model.load_state_dict(state, strict=False)
+    pin_silent_channel(model)
+    with torch.no_grad():
+        model.model.embed_tokens.weight[seen] = compact.model.embed_tokens.weight
+        model.lm_head.weight[seen] = compact.lm_head.weight
+    unseen = torch.ones(width, dtype=torch.bool)
+    unseen[seen] = False
+    silence_rows(model, unseen, recipe.silent_weight)
+    return model.eval()
+
+
+def _lr_factor(recipe: Recipe, step: int) -> float:
+    """Linear warm-up, then cosine decay to a tenth."""
+    if step < recipe.warmup_steps:
+        return (step + 1) / recipe.warmup_steps
+    progress = (step - recipe.warmup_steps) / max(1, recipe.steps - recipe.warmup_steps)
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+MARKER = "hermes_vllm_trained.json"
+
+
+def trained_model_path(recipe: Recipe = DEFAULT_RECIPE) -> Path:
+    """The model of ``recipe`` in the artifact cache, trained on first use (minutes)."""
+    return unpacked(f"trained-qwen3-{recipe.digest()}", lambda staging: train(recipe, staging))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "out", type=Path, nargs="?", help="also copy the model here (default: the cache only)"
+    )
+    parser.add_argument("--steps", type=int, default=DEFAULT_RECIPE.steps)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    path = trained_model_path(replace(DEFAULT_RECIPE, steps=args.steps))
+    if args.out is not None:
+        shutil.copytree(path, args.out, dirs_exist_ok=True)
+        path = args.out
+    logger.info("trained model at %s", path)
+
+
+if __name__ == "__main__":
+    main()

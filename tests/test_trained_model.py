@@ -1,0 +1,82 @@
+"""The trained model's recipe: a fixed split, data that renders through Qwen 3's real template
+and reads back through our parser, and byte-identical weights for the same recipe."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hermes_vllm.dialect import get_dialect
+from hermes_vllm.parsers.span_stream import SpanStream
+from hermes_vllm.testing import trained_model as tm
+from hermes_vllm.testing.tiny_model import load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return load_tokenizer("qwen3", tmp_path_factory.mktemp("qwen3"))
+
+
+def test_the_split_is_fixed_by_id_and_disjoint() -> None:
+    held, trained = tm.held_out_items(), tm.training_items()
+    held_ids, trained_ids = {i.id for i in held}, {i.id for i in trained}
+    assert not held_ids & trained_ids
+    assert held_ids | trained_ids == {i.id for i in tm.bfcl_items()}
+    assert (len(held), len(trained)) == (436, 1853)  # the pinned wheel's renderable items
+    assert held[0].id == "live_multiple_13-4-5" and all(tm.is_held_out(i) for i in held_ids)
+    assert {i.category for i in held} >= {"simple_python", "multiple", "parallel", "live_multiple"}
+
+
+def test_targets_take_the_first_possible_value_and_leave_out_optional_ones() -> None:
+    item = next(i for i in tm.bfcl_items() if i.id == "simple_python_0")
+    assert item.target == [tm.Call("calculate_triangle_area", {"base": 10, "height": 5, "unit": "units"})]
+    weather = [{"type": "function", "function": {"name": "w", "parameters": {"type": "object"}}}]
+    assert tm.target_calls(weather, [{"w": {"city": ["Paris"], "unit": ["", "celsius"]}}]) == [
+        tm.Call("w", {"city": "Paris"})
+    ]
+    assert tm.target_calls(weather, [{"other": {}}]) is None
+
+
+def _sample() -> list[tm.Item]:
+    """A few items of every category, some with reasoning, parallel calls among them."""
+    by_category: dict[str, list[tm.Item]] = {}
+    for item in tm.training_items():
+        by_category.setdefault(item.category, []).append(item)
+    return [item for items in by_category.values() for item in items[:4]]
+
+
+def test_examples_render_through_qwen3s_template_and_read_back_through_our_parser(tokenizer: Any) -> None:
+    sample = _sample()
+    assert any(len(i.target) > 1 for i in sample) and any(tm.reasoning_for(i) for i in sample)
+    for item in sample:
+        reasoning = tm.reasoning_for(item)
+        prompt, reply = tm.render(tokenizer, item, reasoning)
+        system = prompt.split("<|im_end|>")[0]  # the item's own system message, then the tools
+        assert system.startswith("<|im_start|>system\n") and "\n# Tools\n" in "\n" + system
+        assert prompt.endswith("<|im_start|>assistant\n")
+        assert json.dumps(item.tools[0]["function"]["name"]) in prompt  # the tools sit in the system turn
+        assert reply.endswith("</tool_call><|im_end|>")
+        read = SpanStream(get_dialect("qwen")).read(reply.removesuffix("<|im_end|>"))
+        assert [(c.name, json.loads(c.arguments)) for c in read.calls] == [
+            (c.name, c.arguments) for c in item.target
+        ], item.id
+        assert read.reasoning.strip() == (reasoning or ""), item.id
+        assert not read.content.strip(), item.id
+
+
+def test_the_same_recipe_gives_byte_identical_weights(tmp_path: Path) -> None:
+    recipe = replace(
+        tm.DEFAULT_RECIPE, steps=3, hidden_size=32, num_layers=1, intermediate_size=32, batch_size=2
+    )
+    items = [i for i in tm.training_items() if i.category == "simple_python"][:6]
+    tm.train(recipe, tmp_path / "a", items)
+    tm.train(recipe, tmp_path / "b", items)
+    tm.train(replace(recipe, seed=1), tmp_path / "c", items)
+    weights = [(tmp_path / d / "model.safetensors").read_bytes() for d in "abc"]
+    assert weights[0] == weights[1]
+    assert weights[0] != weights[2]
+    assert recipe.digest() != replace(recipe, steps=4).digest()
