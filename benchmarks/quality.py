@@ -309,7 +309,7 @@ def default_model() -> str:
     """The trained model's served directory (trained on first use, then cached)."""
     from hermes_vllm.testing import trained_model
 
-    return str(trained_model.trained_model_path())  # type: ignore[attr-defined]
+    return str(trained_model.trained_model_path())
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -344,7 +344,18 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         parser.error(f"unknown servers: {', '.join(sorted(unknown))}")
     started = time.monotonic()
-    results = [r for name in names for r in serve(name, model, items, args.max_tokens, args.workers)]
+    results: list[Result] = []
+    table = ""
+    for name in names:  # written after each server: a run cut short keeps what it measured
+        results += serve(name, model, items, args.max_tokens, args.workers)
+        table = write(args.out, model, items, results, args.max_tokens, time.monotonic() - started)
+    print(table)
+
+
+def write(
+    out: Path, model: str, items: Sequence[Item], results: Sequence[Result], max_tokens: int, total_s: float
+) -> str:
+    """``quality.json``, ``quality.md`` and ``quality.png`` of the results so far; the table."""
     summaries = {r.label: r.summary() for r in results}
     report = {
         "model": model,
@@ -352,18 +363,18 @@ def main(argv: list[str] | None = None) -> None:
         "groups": {g: sum(group_of(i) == g for i in items) for g in GROUPS},
         "one_tool_offered": sum(len(i.tools) == 1 for i in items),
         "target_order_differs_from_schema": sum(map(order_differs, items)),
-        "max_tokens": args.max_tokens,
+        "max_tokens": max_tokens,
         "sampling": "temperature 0, seed 0, no logit bias",
-        "total_s": round(time.monotonic() - started, 1),
+        "total_s": round(total_s, 1),
         "configs": summaries,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "quality.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "quality.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     table = markdown(summaries)
-    (args.out / "quality.md").write_text(table, encoding="utf-8")
+    (out / "quality.md").write_text(table, encoding="utf-8")
     title = f"{len(items)} held-out BFCL items, {Path(model).name}, greedy, no logit bias"
-    plot(summaries, args.out / "quality.png", title)
-    print(table)
+    plot(summaries, out / "quality.png", title)
+    return table
 
 
 if __name__ == "__main__":
