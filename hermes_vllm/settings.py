@@ -43,6 +43,12 @@ class Limits:
     """Whitespace characters allowed in each gap between two JSON tokens inside a call (and around
     the call's JSON). One covers compact and ``json.dumps`` style; xgrammar's masks inside calls
     cost about 4x more with 4 (benchmarks/results/compile-whitespace4.json)."""
+    call_key_order: str = "declared"
+    """Order of a call's top-level arguments: ``declared`` (the schema's ``properties`` order, what
+    every engine writes) or ``any`` (every order, each a branch of an ``anyOf``, for closed tools
+    of 2 to ``ANY_ORDER_ARGUMENTS`` properties; others keep the declared order). For measuring what
+    a forced order costs a model (benchmarks/quality.py); ``any`` compiles larger grammars, and
+    llguidance refuses its tools that have optional properties."""
     reasoning_budget: int = -1
     """Tokens the turn's reasoning and hidden spans may hold together (the open span's closing tag
     is then forced, and no span opens again), for requests that set no budget of their own

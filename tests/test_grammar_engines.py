@@ -169,6 +169,19 @@ def test_whitespace_bound_is_a_setting(engine: str, tokenizer: Any) -> None:
     assert not compiler_for(engine, tokenizer).compile(TOOLS).matcher().accepts_text(indented)
 
 
+@pytest.mark.parametrize("engine", ENGINE_NAMES)
+def test_no_whitespace_admits_compact_calls_only(engine: str, tokenizer: Any) -> None:
+    """``HERMES_VLLM_MAX_CALL_WHITESPACE=0`` compiles (xgrammar refuses a whitespace count of 0;
+    its compact option stands in) and admits no gap at all."""
+    compiler = ToolGrammarCompiler(tokenizer, engine=engine, limits=Limits(max_call_whitespace=0))
+    grammar = compiler.compile(TOOLS)
+    compact = '<tool_call>{"name":"get","arguments":{"a":1,"b":["x","y"]}}</tool_call>'
+    assert grammar.matcher().accepts_text(compact)
+    for spaced in ('{"name": "get"', '"b":["x", "y"]', '{"a": 1'):
+        text = compact.replace(spaced.replace(" ", ""), spaced)
+        assert text != compact and not grammar.matcher().accepts_text(text), spaced
+
+
 # Documented differences inside the arguments JSON (module docstrings): each engine's verdict,
 # and xgrammar's opposite one, so that an upstream fix shows up here.
 DIVERGENCES = [

@@ -539,6 +539,45 @@ def object_root(schema: dict[str, JSON]) -> None:
     schema["type"] = "object"
 
 
+ANY_ORDER_ARGUMENTS = 4
+"""Most top-level properties whose every order :func:`any_argument_order` admits (4 make 24
+branches; bigger tools keep their declared order)."""
+KEY_ORDERS = ("declared", "any")
+"""Values of ``Limits.call_key_order``."""
+_PLAIN_OBJECT = frozenset({"type", "properties", "required", "additionalProperties", "$defs", "definitions"})
+
+
+def any_argument_order(schema: dict[str, JSON]) -> None:
+    """Admit a tool's top-level arguments in every order (``HERMES_VLLM_CALL_KEY_ORDER=any``).
+
+    Engines write properties in declared order; a model used to another order is forced off its
+    own. Each order becomes a branch of an ``anyOf`` holding the object as it was, for closed
+    plain objects of 2 to :data:`ANY_ORDER_ARGUMENTS` properties; any other root keeps its order.
+    xgrammar merges subschemas that differ only in key order, so branch ``i`` also says
+    ``maxProperties: n + i``, vacuous for a closed object of ``n`` properties. Exact: a validator
+    ignores key order.
+    """
+    properties = schema.get("properties")
+    if not isinstance(properties, dict) or not 1 < len(properties) <= ANY_ORDER_ARGUMENTS:
+        return
+    if not set(schema) <= _PLAIN_OBJECT or schema.get("additionalProperties", False) is not False:
+        return
+    body = {k: v for k, v in schema.items() if k not in ("$defs", "definitions")}
+    body["additionalProperties"] = False
+    branches = [
+        {
+            **copy.deepcopy(body),
+            "properties": {k: copy.deepcopy(properties[k]) for k in order},
+            "maxProperties": len(properties) + i,
+        }
+        for i, order in enumerate(itertools.permutations(properties))
+    ]
+    for key in list(body):
+        schema.pop(key, None)
+    schema["type"] = "object"
+    schema["anyOf"] = branches
+
+
 def make_explicit(tool: str, schema: JSON, max_depth: int = Limits.max_schema_depth) -> None:
     """Apply every exact rewrite above to a tool's parameters, in place, in dependency order.
 

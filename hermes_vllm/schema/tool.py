@@ -18,10 +18,7 @@ from jsonschema.exceptions import SchemaError
 
 from hermes_vllm.memo import memoize_small
 from hermes_vllm.schema.metaschema import passes_metaschema
-from hermes_vllm.schema.rewrite import (
-    make_explicit,
-    object_root,
-)
+from hermes_vllm.schema.rewrite import KEY_ORDERS, any_argument_order, make_explicit, object_root
 from hermes_vllm.schema.satisfiable import UnsatisfiableToolError, contradiction
 from hermes_vllm.schema.spec import JSON, ToolSchemaError, ToolSpec, pointer
 from hermes_vllm.schema.tree import depth, iter_subschemas, resolve_ref
@@ -177,6 +174,10 @@ def normalize_tool(
             name, pointer(("parameters", *found.path)), f"{found.reason}: no call can satisfy this schema"
         )
     make_explicit(name, params, limits.max_schema_depth)
+    if limits.call_key_order not in KEY_ORDERS:
+        raise ValueError(f"HERMES_VLLM_CALL_KEY_ORDER: expected one of {', '.join(KEY_ORDERS)}")
+    if limits.call_key_order == "any":
+        any_argument_order(params)
     _check_refs(name, params)
     description = fn.get("description")
     return ToolSpec(

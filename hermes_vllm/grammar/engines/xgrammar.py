@@ -89,7 +89,12 @@ def _schema_rules(schema: str, max_whitespace: int) -> tuple[Mapping[str, str], 
     by name, and which of them are its basic JSON rules or reached from them. Memoised: agents'
     tool sets shift by a tool or two and share tools with each other, and converting is ~1 ms a
     tool (a third of our share of a 400-tool compile)."""
-    grammar = xgr.Grammar.from_json_schema(schema, max_whitespace_cnt=max_whitespace, strict_mode=True)
+    if max_whitespace == 0:  # xgrammar refuses a count of 0: compact JSON is its own option
+        grammar = xgr.Grammar.from_json_schema(
+            schema, any_whitespace=False, separators=(",", ":"), strict_mode=True
+        )
+    else:
+        grammar = xgr.Grammar.from_json_schema(schema, max_whitespace_cnt=max_whitespace, strict_mode=True)
     rules = dict(split_rules(str(grammar)))
     return rules, frozenset(reachable(rules, (name for name in rules if name.startswith("basic_"))))
 

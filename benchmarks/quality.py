@@ -1,0 +1,381 @@
+"""Does the constraint help a model that tries, and does it ever cost accuracy? Held-out BFCL items.
+
+The same held-out BFCL items (simple, multiple, parallel, live; never trained on:
+:func:`hermes_vllm.testing.trained_model.held_out_items`) go to every configuration of one run,
+greedy (temperature 0, seed 0), no logit bias:
+
+- ``no parser``: vLLM's server with ``tool_choice="none"`` (the tools still in the prompt):
+  the raw text, read as a client would (:func:`hermes_vllm.testing.bfcl_judge.calls_from_text`);
+- ``vLLM hermes``: ``--tool-call-parser hermes``, ``auto``;
+- ``vLLM strict``: the same with ``--tool-strict-level parameter`` (vLLM's own constraint), ``auto``;
+- ``ours auto`` / ``ours required`` / ``ours named`` (the named tool, on the items that expect
+  one call);
+- ``ours required`` again with ``HERMES_VLLM_MAX_CALL_WHITESPACE`` 0 and 8 (default 1), and with
+  ``HERMES_VLLM_CALL_KEY_ORDER=any`` (top-level arguments in any order; default: declared order).
+
+``off_order`` counts each configuration's calls whose arguments do not follow the declared order
+(the unconstrained ones say whether the model ever wants another order), and
+``target_order_differs_from_schema`` the items whose training-style target does.
+
+Per configuration: parse rate, schema-valid rate, right tool, BFCL exact arguments
+(:mod:`hermes_vllm.testing.bfcl_judge`), completion tokens per reply, wall time of the batch.
+Configurations that differ only per request share a server; each server starts once.
+
+Usage: python benchmarks/quality.py [--items 100] [--model PATH] [--servers a,b] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import logging
+import os
+import signal
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from hermes_vllm.testing.bfcl_judge import ParsedCall, Verdict, calls_from_text, judge
+from hermes_vllm.testing.trained_model import Item, held_out_items
+
+logger = logging.getLogger("quality")
+
+STOCK = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+OURS = (
+    *("--enable-auto-tool-choice", "--tool-call-parser", "hermes_vllm_qwen"),
+    *("--reasoning-parser", "hermes_vllm_qwen"),
+)
+"""Our parsers in Qwen 3's dialect (``name`` first), the trained model's."""
+
+
+@dataclass(frozen=True)
+class Server:
+    """One server start: its flags and environment, and the configurations sent to it."""
+
+    flags: tuple[str, ...]
+    env: dict[str, str]
+    configs: tuple[tuple[str, str], ...]
+    """(label, tool choice) pairs: ``none``, ``auto``, ``required`` or ``named``."""
+
+
+SERVERS: dict[str, Server] = {
+    "vllm_hermes": Server(STOCK, {}, (("no parser", "none"), ("vLLM hermes", "auto"))),
+    "vllm_strict": Server((*STOCK, "--tool-strict-level", "parameter"), {}, (("vLLM strict", "auto"),)),
+    "ours": Server(OURS, {}, (("ours auto", "auto"), ("ours required", "required"), ("ours named", "named"))),
+    "ours_ws0": Server(OURS, {"HERMES_VLLM_MAX_CALL_WHITESPACE": "0"}, (("ours required ws0", "required"),)),
+    "ours_ws8": Server(OURS, {"HERMES_VLLM_MAX_CALL_WHITESPACE": "8"}, (("ours required ws8", "required"),)),
+    "ours_any_order": Server(
+        OURS, {"HERMES_VLLM_CALL_KEY_ORDER": "any"}, (("ours required any order", "required"),)
+    ),
+}
+GROUPS: dict[str, tuple[str, ...]] = {
+    "simple": ("simple_python",),
+    "multiple": ("multiple",),
+    "parallel": ("parallel", "parallel_multiple"),
+    "live": ("live_simple", "live_multiple", "live_parallel", "live_parallel_multiple"),
+}
+
+
+def group_of(item: Item) -> str:
+    return next(g for g, categories in GROUPS.items() if item.category in categories)
+
+
+def _interleaved(lists: Sequence[list[Item]]) -> list[Item]:
+    """The lists' items taken in turn, one from each list that has any left."""
+    out: list[Item] = []
+    for row in itertools.zip_longest(*lists):
+        out += [i for i in row if i is not None]
+    return out
+
+
+def pick_items(count: int, fits: Callable[[Item], bool]) -> list[Item]:
+    """``count`` held-out items that ``fits`` admits, taken in turn from each group, and within a
+    group in turn from each of its BFCL files (file order)."""
+    admitted = [i for i in held_out_items() if fits(i)]
+    pools = {
+        g: _interleaved([[i for i in admitted if i.category == c] for c in categories])
+        for g, categories in GROUPS.items()
+    }
+    picked: list[Item] = []
+    while len(picked) < count and any(pools.values()):
+        for pool in pools.values():
+            if pool and len(picked) < count:
+                picked.append(pool.pop(0))
+    return picked
+
+
+@dataclass
+class Outcome:
+    """One reply, judged."""
+
+    item: str
+    group: str
+    verdict: Verdict
+    tokens: int
+    seconds: float
+    shown: str
+    calls: int = 0
+    off_order: int = 0
+    """Calls whose arguments do not follow their tool's declared property order."""
+
+
+@dataclass
+class Result:
+    """One configuration's outcomes and its batch's wall time."""
+
+    label: str
+    server: str
+    tool_choice: str
+    outcomes: list[Outcome] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        n = len(self.outcomes)
+
+        def rate(pick: Callable[[Verdict], bool], outcomes: Sequence[Outcome] | None = None) -> float:
+            chosen = self.outcomes if outcomes is None else outcomes
+            return round(sum(pick(o.verdict) for o in chosen) / len(chosen), 4) if chosen else 0.0
+
+        groups = {
+            g: {
+                "items": len(picked),
+                "valid": rate(lambda v: v.valid, picked),
+                "right_tool": rate(lambda v: v.right_tool, picked),
+                "exact": rate(lambda v: v.exact, picked),
+            }
+            for g in GROUPS
+            if (picked := [o for o in self.outcomes if o.group == g])
+        }
+        return {
+            "server": self.server,
+            "tool_choice": self.tool_choice,
+            "items": n,
+            "parse": rate(lambda v: v.parsed),
+            "valid": rate(lambda v: v.valid),
+            "right_tool": rate(lambda v: v.right_tool),
+            "exact": rate(lambda v: v.exact),
+            "calls": sum(o.calls for o in self.outcomes),
+            "off_order": sum(o.off_order for o in self.outcomes),
+            "http_errors": sum(o.verdict.problem.startswith("HTTP error") for o in self.outcomes),
+            "tokens_per_reply": round(statistics.mean(o.tokens for o in self.outcomes), 1) if n else 0.0,
+            "reply_s_mean": round(statistics.mean(o.seconds for o in self.outcomes), 3) if n else 0.0,
+            "wall_s": round(self.wall_s, 1),
+            "groups": groups,
+            "examples": [
+                {"item": o.item, "problem": o.verdict.problem, "reply": o.shown[:300]}
+                for o in self.outcomes
+                if not o.verdict.exact
+            ][:4],
+        }
+
+
+def tool_choice_field(item: Item, choice: str) -> Any:
+    if choice == "named":
+        return {"type": "function", "function": {"name": item.expected_names[0]}}
+    return choice
+
+
+def ask(client: Any, model: str, item: Item, *, choice: str, max_tokens: int) -> Outcome:
+    """Send ``item`` once and judge the reply; an HTTP error is a reply with no call."""
+    from openai import APIError
+
+    started = time.monotonic()
+    try:
+        reply = client.chat.completions.create(
+            model=model,
+            messages=item.messages,
+            tools=item.tools,
+            tool_choice=tool_choice_field(item, choice),
+            max_tokens=max_tokens,
+            temperature=0.0,
+            seed=0,
+        )
+    except APIError as err:
+        verdict = Verdict(False, False, False, False, f"HTTP error: {err}")
+        return Outcome(item.id, group_of(item), verdict, 0, time.monotonic() - started, "")
+    seconds = time.monotonic() - started
+    message = reply.choices[0].message
+    if choice == "none":
+        calls = calls_from_text(message.content or "")
+    else:
+        calls = [
+            ParsedCall(c.function.name, c.function.arguments)
+            for c in message.tool_calls or []
+            if getattr(c, "function", None) is not None
+        ]
+    verdict = judge(calls, item.schemas, item.expected_names, item.possible_answers)
+    shown = " ".join(f"{c.name}({c.arguments})" for c in calls) or json.dumps(message.content or "")
+    tokens = reply.usage.completion_tokens if reply.usage else 0
+    off = sum(not declared_order(item.schemas.get(c.name, {}), c.arguments) for c in calls)
+    return Outcome(item.id, group_of(item), verdict, tokens, seconds, shown, len(calls), off)
+
+
+def declared_order(schema: dict[str, Any], arguments: str) -> bool:
+    """Whether the arguments' JSON text writes the schema's properties in declared order (text that
+    is no JSON object has no order to judge)."""
+    try:
+        keys = list(json.loads(arguments))
+    except (json.JSONDecodeError, TypeError):
+        return True
+    declared = [k for k in schema.get("properties", {}) if k in keys]
+    return [k for k in keys if k in declared] == declared
+
+
+def serve(name: str, model: str, items: Sequence[Item], max_tokens: int, workers: int) -> list[Result]:
+    """Start server ``name`` once and send it every item under each of its configurations."""
+    from openai import OpenAI
+
+    from hermes_vllm.testing.server import CPU_ARGS, CPU_ENV, openai_server
+
+    server = SERVERS[name]
+    started = time.monotonic()
+    results = []
+    with openai_server(model, (*CPU_ARGS, "--seed", "0", *server.flags), {**CPU_ENV, **server.env}) as url:
+        logger.info("%s up in %.0f s", name, time.monotonic() - started)
+        client = OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600)
+        for label, choice in server.configs:
+            asked = [i for i in items if choice != "named" or len(i.expected_names) == 1]
+            result = Result(label, name, choice)
+            begun = time.monotonic()
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                result.outcomes = list(
+                    pool.map(partial(ask, client, model, choice=choice, max_tokens=max_tokens), asked)
+                )
+            result.wall_s = time.monotonic() - begun
+            summary = result.summary()
+            logger.info(
+                "%s: %d items, valid %.2f, right tool %.2f, exact %.2f, %.0f s",
+                label, len(asked), summary["valid"], summary["right_tool"], summary["exact"], result.wall_s,
+            )  # fmt: skip
+            results.append(result)
+    return results
+
+
+def order_differs(item: Item) -> bool:
+    """Whether some target call writes its arguments in another order than its schema declares."""
+    for call in item.target:
+        declared = [k for k in item.schemas[call.name].get("properties", {}) if k in call.arguments]
+        if declared != list(call.arguments):
+            return True
+    return False
+
+
+def markdown(summaries: dict[str, dict[str, Any]]) -> str:
+    lines = [
+        "| configuration | items | parse | schema-valid | right tool | exact args | calls off declared order "
+        "| tokens/reply | wall s |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for label, s in summaries.items():
+        lines.append(
+            f"| {label} | {s['items']} | {s['parse']:.0%} | {s['valid']:.0%} | {s['right_tool']:.0%} "
+            f"| {s['exact']:.0%} | {s['off_order']}/{s['calls']} | {s['tokens_per_reply']:.0f} "
+            f"| {s['wall_s']:.0f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(summaries: dict[str, dict[str, Any]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = ("parse", "valid", "right_tool", "exact")
+    labels = list(summaries)
+    fig, ax = plt.subplots(figsize=(max(8, len(labels) * 1.1), 4.5))
+    width = 0.8 / len(metrics)
+    for k, metric in enumerate(metrics):
+        xs = [i + (k - (len(metrics) - 1) / 2) * width for i in range(len(labels))]
+        ax.bar(xs, [summaries[lb][metric] * 100 for lb in labels], width, label=metric.replace("_", " "))
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, rotation=25, ha="right", fontsize=8)
+    ax.set_ylabel("% of replies")
+    ax.set_ylim(0, 100)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def default_model() -> str:
+    """The trained model's served directory (trained on first use, then cached)."""
+    from hermes_vllm.testing import trained_model
+
+    return str(trained_model.trained_model_path())
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--items", type=int, default=100, help="held-out items (default 100)")
+    parser.add_argument("--model", default=None, help="served model dir (default: the trained model)")
+    parser.add_argument("--servers", default=",".join(SERVERS), help=f"subset of {','.join(SERVERS)}")
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--workers", type=int, default=8, help="requests in flight per configuration")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    # A killed run (timeout, ^C from a job runner) still stops its server: exit through the finally.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from transformers import AutoTokenizer
+
+    from hermes_vllm.testing.server import CPU_ARGS
+
+    model = args.model or default_model()
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    context = int(CPU_ARGS[CPU_ARGS.index("--max-model-len") + 1])
+
+    def fits(item: Item) -> bool:
+        ids = tokenizer.apply_chat_template(item.messages, tools=item.tools, add_generation_prompt=True)
+        return bool(len(ids) + args.max_tokens <= context)
+
+    items = pick_items(args.items, fits)
+    names = [n for n in args.servers.split(",") if n]
+    unknown = set(names) - set(SERVERS)
+    if unknown:
+        parser.error(f"unknown servers: {', '.join(sorted(unknown))}")
+    started = time.monotonic()
+    results: list[Result] = []
+    table = ""
+    for name in names:  # written after each server: a run cut short keeps what it measured
+        results += serve(name, model, items, args.max_tokens, args.workers)
+        table = write(args.out, model, items, results, args.max_tokens, time.monotonic() - started)
+    print(table)
+
+
+def write(
+    out: Path, model: str, items: Sequence[Item], results: Sequence[Result], max_tokens: int, total_s: float
+) -> str:
+    """``quality.json``, ``quality.md`` and ``quality.png`` of the results so far; the table."""
+    summaries = {r.label: r.summary() for r in results}
+    report = {
+        "model": model,
+        "items": [i.id for i in items],
+        "groups": {g: sum(group_of(i) == g for i in items) for g in GROUPS},
+        "one_tool_offered": sum(len(i.tools) == 1 for i in items),
+        "target_order_differs_from_schema": sum(map(order_differs, items)),
+        "max_tokens": max_tokens,
+        "sampling": "temperature 0, seed 0, no logit bias",
+        "total_s": round(total_s, 1),
+        "configs": summaries,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "quality.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    table = markdown(summaries)
+    (out / "quality.md").write_text(table, encoding="utf-8")
+    title = f"{len(items)} held-out BFCL items, {Path(model).name}, greedy, no logit bias"
+    plot(summaries, out / "quality.png", title)
+    return table
+
+
+if __name__ == "__main__":
+    main()
