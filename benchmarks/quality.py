@@ -31,7 +31,6 @@ import itertools
 import json
 import logging
 import os
-import signal
 import statistics
 import sys
 import time
@@ -323,8 +322,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    # A killed run (timeout, ^C from a job runner) still stops its server: exit through the finally.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from transformers import AutoTokenizer
 

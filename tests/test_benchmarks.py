@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,12 +15,22 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(script: str, *args: str, out: Path, env: dict[str, str] | None = None) -> None:
-    subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / script), *args, "--out", str(out)],
-        check=True,
-        timeout=600,
-        env={**os.environ, **(env or {})},
-    )
+    """Run a benchmark; on a timeout stop it with SIGTERM first, so that the vLLM servers it
+    started stop with it (a SIGKILL left them running, orphaned, for the rest of the suite)."""
+    command = [sys.executable, str(ROOT / "benchmarks" / script), *args, "--out", str(out)]
+    with subprocess.Popen(command, env={**os.environ, **(env or {})}, start_new_session=True) as proc:
+        try:
+            code = proc.wait(timeout=600)
+        except subprocess.TimeoutExpired:
+            proc.terminate()  # its servers stop on the way out (testing.server.openai_server)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            raise
+    if code:
+        raise subprocess.CalledProcessError(code, command)
 
 
 def test_gpu_apply_runs_on_the_cpu(tmp_path: Path) -> None:

