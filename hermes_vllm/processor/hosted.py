@@ -100,9 +100,32 @@ class RowHost:
         masked, _ = core.fill([(0, state)], core.vocab_size)
         return core.bitmask[0] if masked else None
 
-    def advance(self, state: RowState, token: int) -> bool:
-        """Feed one token; False when it put the row out of its grammar."""
+    def settle(self, state: RowState) -> None:
+        """What the fill at this position does to the row, without computing its mask where
+        nothing depends on the mask: the budget's plan (it may begin forcing a text, or move
+        its need). The mask itself matters to the row only where a forced text may be refused by
+        the grammar (the forcing is dropped), where an engine-only row's matcher is built on its
+        first fill, and where such a row enters a quiet span (it is paused with that mask)."""
+        budget = state.budget
+        if budget is not None and state.failed is None:
+            mask_free = state.gated or (
+                state.matcher is not None and (state.paused is not None or not budget.in_quiet_span())
+            )
+            if mask_free:
+                plan = budget.plan(state.consumed)
+                state.planned = state.consumed
+                if not plan.force:
+                    return
+        elif budget is None and (state.gated or state.matcher is not None):
+            return
+        self.fill(state)
+
+    def advance(self, state: RowState, token: int, plan: bool = True) -> bool:
+        """Feed one token; False when it put the row out of its grammar. ``plan=False``: the
+        budget does not plan the token's position first (a path that is restored afterwards)."""
         failed = state.failed
+        if not plan:
+            state.planned = state.consumed
         self.core.advance(state, (token,))
         return failed is not None or state.failed is None
 
@@ -134,8 +157,8 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         self._state = row
         self._terminated = snapshot.terminated
 
-    def _accept(self, token: int) -> bool:
-        ok = self._host.advance(self._state, token)
+    def _accept(self, token: int, plan: bool = True) -> bool:
+        ok = self._host.advance(self._state, token, plan)
         self._terminated = ok and token in self._state.stop_ids
         return ok
 
@@ -144,7 +167,7 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         with host.lock:
             for i, token in enumerate(tokens):
                 if i:
-                    host.fill(self._state)  # the fill this position gets without drafts
+                    host.settle(self._state)  # what the fill this position gets without drafts does
                 self._trail.append(self._snapshot())
                 if not self._accept(token):
                     return False
@@ -162,7 +185,8 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
             start = self._snapshot()
             valid = 0
             for token in tokens:
-                if self._terminated or not self._matcher_allows(token) or not self._accept(token):
+                allowed = not self._terminated and self._matcher_allows(token)
+                if not allowed or not self._accept(token, plan=False):
                     break
                 valid += 1
             self._restore(start)
