@@ -18,55 +18,65 @@ last ``num_speculative_tokens + 1`` copies are kept.
 *Exactness.* Without drafts every token is preceded by a mask fill at its position, and a fill
 moves the budget (it may begin forcing a text, or count a closed call). The scheduler rolls the
 filled draft path back and then accepts the kept tokens in one call, so :meth:`accept_tokens`
-fills the row again before each token after the first (the first token's fill is the state the
-rollback restored): a row goes through exactly what it goes through without drafts, hence the
-same masks and, under greedy sampling, the same text.
+settles the row before each token after the first as that position's fill would (the first
+token's fill is the state the rollback restored): a row goes through exactly what it goes through
+without drafts, hence the same masks and, under greedy sampling, the same text. Settling plans
+the budget and computes the mask only where the mask can change the row (:meth:`RowHost.settle`).
 """
 
 from __future__ import annotations
 
-import copy
 import threading
 from collections import deque
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 import torch
 from vllm.v1.structured_output.backend_types import StructuredOutputGrammar
 
 from hermes_vllm.grammar import GrammarCompileError
+from hermes_vllm.grammar.budget import TurnBudget
 from hermes_vllm.processor.core import ConstraintCore, RowState
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
 
 
+_FIELDS = attrgetter(*RowState.__slots__)
+"""A row's fields in declaration order, read in one C call (``RowState(*fields)`` rebuilds it)."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Snapshot:
-    row: RowState
+    """What restores a row: its fields (``pending`` and the budget's fields copied), its matcher's
+    count of accepted tokens, whether it had ended. Taken before every accepted token, so it
+    copies only what a row mutates, in C calls where it can (a Python loop over the fields was the
+    hosted path's largest cost after the completer's)."""
+
+    fields: tuple[Any, ...]
+    pending: tuple[int, ...]
+    budget: dict[str, Any] | None
+    """The budget's fields (a budget rebinds its fields, never mutates them in place)."""
     accepted: int
-    """The row's matcher's accepted tokens when the copy was taken."""
     terminated: bool
 
+    @classmethod
+    def take(cls, state: RowState, terminated: bool) -> _Snapshot:
+        budget = state.budget
+        kept = None if budget is None else vars(budget).copy()
+        accepted = state.matcher.accepted if state.matcher is not None else 0
+        return cls(_FIELDS(state), tuple(state.pending), kept, accepted, terminated)
 
-_ROW_FIELDS = RowState.__slots__
-
-
-def _copy_row(state: RowState) -> RowState:
-    """A copy of ``state`` to restore later; field by field (``copy.copy`` of a slots dataclass
-    costs ~20 us through ``__reduce_ex__``, a copy is taken before every accepted token)."""
-    row: RowState = object.__new__(RowState)
-    for name in _ROW_FIELDS:
-        setattr(row, name, getattr(state, name))
-    row.pending = list(state.pending)
-    budget = state.budget
-    if budget is not None and hasattr(budget, "__dict__"):
-        copied = object.__new__(type(budget))
-        copied.__dict__.update(budget.__dict__)
-        row.budget = copied
-    elif budget is not None:
-        row.budget = copy.copy(budget)
-    return row
+    def row(self) -> RowState:
+        """A fresh row as the snapshot was taken (a snapshot may be restored more than once)."""
+        row = RowState(*self.fields)
+        row.pending = list(self.pending)
+        if self.budget is not None:
+            budget = object.__new__(TurnBudget)
+            vars(budget).update(self.budget)
+            row.budget = budget
+        return row
 
 
 class RowHost:
@@ -145,12 +155,10 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         return self._state
 
     def _snapshot(self) -> _Snapshot:
-        state = self._state
-        accepted = state.matcher.accepted if state.matcher is not None else 0
-        return _Snapshot(_copy_row(state), accepted, self._terminated)
+        return _Snapshot.take(self._state, self._terminated)
 
     def _restore(self, snapshot: _Snapshot) -> None:
-        row = _copy_row(snapshot.row)
+        row = snapshot.row()
         matcher = row.matcher
         if matcher is not None and matcher.accepted > snapshot.accepted:
             matcher.rollback(matcher.accepted - snapshot.accepted)
