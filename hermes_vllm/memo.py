@@ -88,3 +88,27 @@ def memoize_small(size: Callable[..., int]) -> Callable[[Callable[P, R]], Callab
         return call
 
     return wrap
+
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class TextKeyed(dict[K, V]):
+    """A per-object cache of a pure function of some text: emptied whole once the texts it keeps
+    reach ``chars`` in all (the hot path pays one dict lookup; an LRU's bookkeeping would cost more
+    than most of the answers it keeps)."""
+
+    def __init__(self, chars: int) -> None:
+        super().__init__()
+        self._budget = chars
+        self._chars = 0
+
+    def keep(self, key: K, text: str, value: V) -> V:
+        """Store ``value`` under ``key`` (whose text is ``text``) and return it."""
+        if self._chars + len(text) > self._budget:
+            self.clear()
+            self._chars = 0
+        self._chars += len(text)
+        self[key] = value
+        return value

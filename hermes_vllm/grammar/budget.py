@@ -32,12 +32,15 @@ from hermes_vllm.dialect import Dialect
 from hermes_vllm.grammar.compiler import utf8_need
 from hermes_vllm.grammar.completion import CallCompleter
 from hermes_vllm.grammar.engines.base import Vocabulary
+from hermes_vllm.memo import TextKeyed
 from hermes_vllm.spans import Tail, partial_tag_suffix, read_tail
 
 MARK = " [closed by max_tokens]"
 """Content written right after a call that the budget closed (its arguments may be truncated)."""
 _LONGEST = 64
 """Longest token spelling tried when spelling text (characters)."""
+_COUNTED_CHARS = 1 << 20
+"""Text a :class:`Speller` keeps the counts of, in all."""
 _SPLIT_WINDOW = 4
 """Tokens before a span's budget is spent from which no character may be left split (a split one
 is finished first): a character's continuation bytes take at most three tokens."""
@@ -74,6 +77,7 @@ class Speller:
             if piece and token_id not in excluded:
                 self._ids.setdefault(piece, []).append(token_id)
         self._longest = min(max((len(p) for p in self._ids), default=1), _LONGEST)
+        self._counts: TextKeyed[str, int | None] = TextKeyed(_COUNTED_CHARS)
 
     def prefixes(self, text: str) -> list[int]:
         """Tokens whose bytes are a prefix of ``text`` (latin-1), longest first."""
@@ -90,7 +94,15 @@ class Speller:
         return len(latin1) if count is None else count
 
     def count(self, text: str) -> int | None:
-        """Tokens of the greedy spelling of ``text`` (latin-1); ``None`` if it cannot be spelled."""
+        """Tokens of the greedy spelling of ``text`` (latin-1); ``None`` if it cannot be spelled.
+
+        Kept per text: steering measures the same completions (a call's closing text and the
+        mark) at every position inside a string value, and the completer measures candidates."""
+        if text in self._counts:
+            return self._counts[text]
+        return self._counts.keep(text, text, self._count(text))
+
+    def _count(self, text: str) -> int | None:
         n, pos = 0, 0
         while pos < len(text):
             for k in range(min(len(text) - pos, self._longest), 0, -1):

@@ -28,6 +28,7 @@ import jsonschema
 
 from hermes_vllm.dialect import Dialect
 from hermes_vllm.grammar.pattern import shortest_completion
+from hermes_vllm.memo import TextKeyed
 
 Schema = Any
 Measure = Callable[[str], int]
@@ -739,6 +740,9 @@ def _root_ref_fix(parameters: Schema) -> Schema:
     return parameters
 
 
+_CACHED_CHARS = 1 << 20
+"""Call text a :class:`CallCompleter` keeps completions for (by text and measure), in all."""
+
 _STEP_SLACK = 6
 """What one token can add inside a string or a number beyond the units :func:`_units` counts:
 a begun ``\\u`` escape's digits, a split character's continuation bytes."""
@@ -787,11 +791,22 @@ class CallCompleter:
         self.dialect = dialect
         self.tools = [(n, _root_ref_fix(p)) for n, p in tools]
         self._envelopes = _envelopes(dialect, self.tools)
+        self._completions: TextKeyed[tuple[str, Measure], str | None] = TextKeyed(_CACHED_CHARS)
 
     def complete(self, call: str, measure: Measure = len) -> str | None:
         """The shortest text (by ``measure``) that makes ``call`` (the text from the call's
         opening tag on, which may itself be partly written) a complete call ending with its
-        closing tag; ``None`` when no reading is known."""
+        closing tag; ``None`` when no reading is known.
+
+        Kept per ``(call, measure)``: the answer depends on nothing else, and under speculative
+        decoding one position's text is steered several times (each draft row's fill, the fill
+        again before the kept token, rows that share a prefix), so most calls are hits."""
+        key = (call, measure)
+        if key in self._completions:
+            return self._completions[key]
+        return self._completions.keep(key, call, self._complete(call, measure))
+
+    def _complete(self, call: str, measure: Measure) -> str | None:
         begin = self.dialect.tool_call.begin
         if len(call) < len(begin):
             body = self._body("", measure)

@@ -18,55 +18,65 @@ last ``num_speculative_tokens + 1`` copies are kept.
 *Exactness.* Without drafts every token is preceded by a mask fill at its position, and a fill
 moves the budget (it may begin forcing a text, or count a closed call). The scheduler rolls the
 filled draft path back and then accepts the kept tokens in one call, so :meth:`accept_tokens`
-fills the row again before each token after the first (the first token's fill is the state the
-rollback restored): a row goes through exactly what it goes through without drafts, hence the
-same masks and, under greedy sampling, the same text.
+settles the row before each token after the first as that position's fill would (the first
+token's fill is the state the rollback restored): a row goes through exactly what it goes through
+without drafts, hence the same masks and, under greedy sampling, the same text. Settling plans
+the budget and computes the mask only where the mask can change the row (:meth:`RowHost.settle`).
 """
 
 from __future__ import annotations
 
-import copy
 import threading
 from collections import deque
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 import torch
 from vllm.v1.structured_output.backend_types import StructuredOutputGrammar
 
 from hermes_vllm.grammar import GrammarCompileError
+from hermes_vllm.grammar.budget import TurnBudget
 from hermes_vllm.processor.core import ConstraintCore, RowState
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
 
 
+_FIELDS = attrgetter(*RowState.__slots__)
+"""A row's fields in declaration order, read in one C call (``RowState(*fields)`` rebuilds it)."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Snapshot:
-    row: RowState
+    """What restores a row: its fields (``pending`` and the budget's fields copied), its matcher's
+    count of accepted tokens, whether it had ended. Taken before every accepted token, so it
+    copies only what a row mutates, in C calls where it can (a Python loop over the fields was the
+    hosted path's largest cost after the completer's)."""
+
+    fields: tuple[Any, ...]
+    pending: tuple[int, ...]
+    budget: dict[str, Any] | None
+    """The budget's fields (a budget rebinds its fields, never mutates them in place)."""
     accepted: int
-    """The row's matcher's accepted tokens when the copy was taken."""
     terminated: bool
 
+    @classmethod
+    def take(cls, state: RowState, terminated: bool) -> _Snapshot:
+        budget = state.budget
+        kept = None if budget is None else vars(budget).copy()
+        accepted = state.matcher.accepted if state.matcher is not None else 0
+        return cls(_FIELDS(state), tuple(state.pending), kept, accepted, terminated)
 
-_ROW_FIELDS = RowState.__slots__
-
-
-def _copy_row(state: RowState) -> RowState:
-    """A copy of ``state`` to restore later; field by field (``copy.copy`` of a slots dataclass
-    costs ~20 us through ``__reduce_ex__``, a copy is taken before every accepted token)."""
-    row: RowState = object.__new__(RowState)
-    for name in _ROW_FIELDS:
-        setattr(row, name, getattr(state, name))
-    row.pending = list(state.pending)
-    budget = state.budget
-    if budget is not None and hasattr(budget, "__dict__"):
-        copied = object.__new__(type(budget))
-        copied.__dict__.update(budget.__dict__)
-        row.budget = copied
-    elif budget is not None:
-        row.budget = copy.copy(budget)
-    return row
+    def row(self) -> RowState:
+        """A fresh row as the snapshot was taken (a snapshot may be restored more than once)."""
+        row = RowState(*self.fields)
+        row.pending = list(self.pending)
+        if self.budget is not None:
+            budget = object.__new__(TurnBudget)
+            vars(budget).update(self.budget)
+            row.budget = budget
+        return row
 
 
 class RowHost:
@@ -100,9 +110,32 @@ class RowHost:
         masked, _ = core.fill([(0, state)], core.vocab_size)
         return core.bitmask[0] if masked else None
 
-    def advance(self, state: RowState, token: int) -> bool:
-        """Feed one token; False when it put the row out of its grammar."""
+    def settle(self, state: RowState) -> None:
+        """What the fill at this position does to the row, without computing its mask where
+        nothing depends on the mask: the budget's plan (it may begin forcing a text, or move
+        its need). The mask itself matters to the row only where a forced text may be refused by
+        the grammar (the forcing is dropped), where an engine-only row's matcher is built on its
+        first fill, and where such a row enters a quiet span (it is paused with that mask)."""
+        budget = state.budget
+        if budget is not None and state.failed is None:
+            mask_free = state.gated or (
+                state.matcher is not None and (state.paused is not None or not budget.in_quiet_span())
+            )
+            if mask_free:
+                plan = budget.plan(state.consumed)
+                state.planned = state.consumed
+                if not plan.force:
+                    return
+        elif budget is None and (state.gated or state.matcher is not None):
+            return
+        self.fill(state)
+
+    def advance(self, state: RowState, token: int, plan: bool = True) -> bool:
+        """Feed one token; False when it put the row out of its grammar. ``plan=False``: the
+        budget does not plan the token's position first (a path that is restored afterwards)."""
         failed = state.failed
+        if not plan:
+            state.planned = state.consumed
         self.core.advance(state, (token,))
         return failed is not None or state.failed is None
 
@@ -122,20 +155,18 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         return self._state
 
     def _snapshot(self) -> _Snapshot:
-        state = self._state
-        accepted = state.matcher.accepted if state.matcher is not None else 0
-        return _Snapshot(_copy_row(state), accepted, self._terminated)
+        return _Snapshot.take(self._state, self._terminated)
 
     def _restore(self, snapshot: _Snapshot) -> None:
-        row = _copy_row(snapshot.row)
+        row = snapshot.row()
         matcher = row.matcher
         if matcher is not None and matcher.accepted > snapshot.accepted:
             matcher.rollback(matcher.accepted - snapshot.accepted)
         self._state = row
         self._terminated = snapshot.terminated
 
-    def _accept(self, token: int) -> bool:
-        ok = self._host.advance(self._state, token)
+    def _accept(self, token: int, plan: bool = True) -> bool:
+        ok = self._host.advance(self._state, token, plan)
         self._terminated = ok and token in self._state.stop_ids
         return ok
 
@@ -144,7 +175,7 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         with host.lock:
             for i, token in enumerate(tokens):
                 if i:
-                    host.fill(self._state)  # the fill this position gets without drafts
+                    host.settle(self._state)  # what the fill this position gets without drafts does
                 self._trail.append(self._snapshot())
                 if not self._accept(token):
                     return False
@@ -162,7 +193,8 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
             start = self._snapshot()
             valid = 0
             for token in tokens:
-                if self._terminated or not self._matcher_allows(token) or not self._accept(token):
+                allowed = not self._terminated and self._matcher_allows(token)
+                if not allowed or not self._accept(token, plan=False):
                     break
                 valid += 1
             self._restore(start)
