@@ -273,3 +273,27 @@ def test_an_object_declaring_no_properties_is_not_completed_as_free_form(tokeniz
     low = reserve(core, [SMALL, LARGE], "required")
     scenario = Scenario([SMALL, LARGE], "required", low + 64, thinking_budget=6, vllm_thinking=True)
     assert_kept(core, tokenizer, [scenario], "random")
+
+
+FRACTIONAL = {
+    "name": "tune",
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "p": {"type": "number", "minimum": 0.1, "maximum": 0.9},
+            "q": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+        },
+        "required": ["p", "q"],
+    },
+}
+
+
+@pytest.mark.parametrize("choice", ["required", "tune"])
+def test_a_token_closing_a_call_cannot_begin_one_that_no_longer_fits(tokenizer: Any, choice: str) -> None:
+    """Found by the sweep: after the owed call, one token (``>?[<``) closed it and began a second
+    call with 25 tokens left, under a reserve of 34; the call tag was refused only between calls,
+    so the second call was cut one step before its closing tag (``longest``, seed 2)."""
+    core = core_for(tokenizer)
+    scenario = Scenario([FRACTIONAL], choice, 75, thinking_budget=6, vllm_thinking=True)
+    outcome = run(core, tokenizer, scenario, "longest", seed=2)
+    assert outcome.kept(scenario.thinking_budget) and not outcome.cut, outcome

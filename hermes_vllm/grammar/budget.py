@@ -281,9 +281,15 @@ class TurnBudget:
         owed = self.required and self.calls_begun == 0
         if self.in_call():
             plan = self._steer(left) if self.close and left <= self.alert else NOTHING
-            if plan is NOTHING and tail.open is None and self.reasoning_left() == 0:
-                return Plan(ban_spans=True)  # a call tag's first characters may yet spell a span's
-            return plan
+            if plan.force:
+                return plan
+            # One token can close this call and begin the next (``>?[<`` after ``</tool_call``):
+            # where a new call would not fit, refuse it here as after a call (the worst-case sweep
+            # cut such a second call one step before its closing tag).
+            ban_call = self.close and left <= self.reserve
+            # A call tag's first characters may yet spell a span's.
+            ban_spans = tail.open is None and self.reasoning_left() == 0
+            return Plan(ban_call=ban_call, ban_spans=ban_spans) if ban_call or ban_spans else NOTHING
         span = tail.open
         if span is not None:  # a reasoning or hidden span
             assert span.tags is not None
