@@ -297,3 +297,15 @@ def test_a_token_closing_a_call_cannot_begin_one_that_no_longer_fits(tokenizer: 
     scenario = Scenario([FRACTIONAL], choice, 75, thinking_budget=6, vllm_thinking=True)
     outcome = run(core, tokenizer, scenario, "longest", seed=2)
     assert outcome.kept(scenario.thinking_budget) and not outcome.cut, outcome
+
+
+def test_a_key_written_twice_in_a_free_form_object_is_still_completed() -> None:
+    """Found on the model trained here (``benchmarks/quality.py``, BFCL ``multiple_9``): it wrote
+    the same undeclared key again and again in a free-form ``gradeDict``; the grammars allow that
+    (they do not track which undeclared keys were written), the completer refused the text, so the
+    budget steered nothing and the ``required`` call was cut at ``max_tokens``."""
+    schema = {"type": "object", "properties": {"gradeDict": {"type": "object"}}, "required": ["gradeDict"]}
+    completer = CallCompleter(get_dialect("qwen"), [("calc", schema)])
+    call = '<tool_call>\n{"name": "calc", "arguments": {"gradeDict": {"name": 10, "arguments": 10, "name": 1'
+    assert completer.complete(call) == "}}}</tool_call>"
+    assert completer.complete(call[: -len(" 1")] + ' "x", "arguments"') == ":0}}}</tool_call>"

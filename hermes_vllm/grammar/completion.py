@@ -316,6 +316,8 @@ class _Members:
     def add(self, index: int, key: str) -> _Members:
         if index >= 0:
             return _Members(max(index, self.last), self.count + 1, self.free)
+        if key in self.free:  # written again: JSON keeps the last, the count of properties stays
+            return self
         return _Members(self.last, self.count + 1, self.free | {key})
 
 
@@ -662,8 +664,8 @@ class _ObjectReader:
         choices = [(s, v, after) for s, v, after in self.key_choices(at) if s.startswith(written)]
         with suppress(ValueError):
             key = json.loads(written + closing)
-            free = self.extra is not False and key not in self.index and key not in at.free
-            if free and (self.most is None or at.count < self.most):
+            free = self.extra is not False and key not in self.index
+            if free and (key in at.free or self.most is None or at.count < self.most):
                 choices.append((written + closing, self.extra, at.add(-1, key)))
         for spelling, value_schema, after in choices:
             with suppress(_Unknown):
@@ -679,9 +681,11 @@ class _ObjectReader:
         n = self.index.get(key, -1)
         if n >= 0 and (n <= at.last or self.skips_required(at.last, n)):
             return
-        if n < 0 and (self.extra is False or key in at.free):
+        # An undeclared key may come again: the engines' grammars do not track which were written
+        # (a weak model repeats keys in a free-form object), and JSON keeps the last value.
+        if n < 0 and self.extra is False:
             return
-        if self.most is not None and at.count >= self.most:
+        if self.most is not None and at.count >= self.most and key not in at.free:
             return
         value_schema = self.props[n][1] if n >= 0 else self.extra
         after = at.add(n, key)
