@@ -141,3 +141,21 @@ def test_model_runner_v2_with_speculative_decoding_refuses_constrained_requests(
     result = run_fresh(V2_SPECULATIVE.format(model=str(tiny_model), tools=[TOOL]))
     assert result["added"] is False
     assert result["error"] and "speculative decoding" in result["error"]
+
+
+def test_notes_of_stopped_engines_and_of_ancestors_are_not_this_frontends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that ran an offline engine (its note: its own pid) and then started a server,
+    or a server that has stopped, leaves notes in the directory its children inherit: under
+    ``pytest -n 2`` a Qwen 3 server read a stopped Llama 3.1 engine's special tags and refused
+    every constrained request. Only live non-ancestor processes (and this one) count."""
+    from hermes_vllm.processor import handshake
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    monkeypatch.setenv(handshake.ENV, str(tmp_path))
+    for pid, tags in ((os.getppid(), ["<tool_call>"]), (dead.pid, ["<think>"]), (os.getpid(), ["</think>"])):
+        note = {"runner": "v1", "pid": pid, "error": None, "special_tags": tags}
+        (tmp_path / f"v1-{pid}.json").write_text(json.dumps(note))
+    assert handshake.announced_special_tags() == {"</think>"}

@@ -39,15 +39,48 @@ def announce(runner: str, error: str | None = None, special_tags: Iterable[str] 
     os.replace(staging, target)  # a rename: the directory's mtime tells readers a note changed
 
 
+def _ancestors() -> frozenset[int]:
+    """The pids above this process (psutil comes with vLLM; without it, the parent only)."""
+    try:
+        import psutil
+    except ImportError:
+        return frozenset({os.getppid()})
+    return frozenset(p.pid for p in psutil.Process().parents())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _notes() -> list[dict[str, Any]]:
+    """The notes of live processes that can be this frontend's engines.
+
+    The directory is inherited by everything started below the process that created it, so it
+    can also hold notes no engine of ours wrote: a process that ran an offline engine and then
+    started a server (a test session, a notebook), or a server that has since stopped. Under
+    ``pytest -n 2`` a Qwen 3 server read a stopped Llama 3.1 server's note and refused every
+    constrained request for tags that were special only there. An engine is never an ancestor
+    of its frontend, and a dead one serves nothing.
+    """
     path = os.environ.get(ENV)
     notes = []
     if path and Path(path).is_dir():
+        above = _ancestors()
         for f in sorted(Path(path).glob("*.json")):
             try:
-                notes.append(json.loads(f.read_text(encoding="utf-8")))
+                note = json.loads(f.read_text(encoding="utf-8"))
             except (OSError, json.JSONDecodeError):
                 continue
+            pid = note.get("pid")
+            if isinstance(pid, int) and (pid in above or not _alive(pid)):
+                continue
+            notes.append(note)
     return notes
 
 
