@@ -22,11 +22,11 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 from vllm import SamplingParams
-from vllm.engine.arg_utils import EngineArgs
 
 from hermes_vllm import constraint_args
 from hermes_vllm.processor import ToolCallLogitsProcessor
 from hermes_vllm.testing import tiny_model_path
+from hermes_vllm.testing.engine import engine_config
 from hermes_vllm.testing.v2_runner import V2Runner, context
 
 SLOTS = 256
@@ -42,13 +42,7 @@ TOOL = {
 
 def step_us(finished: int, steps: int, model: Path) -> float:
     """Median microseconds of one step with ``finished`` finished slots beside the live ones."""
-    config = EngineArgs(
-        model=str(model),
-        dtype="float32",
-        enforce_eager=True,
-        max_model_len=1024,
-        kv_cache_memory_bytes=64 << 20,
-    ).create_engine_config()
+    config = engine_config(model)
     width = config.model_config.get_vocab_size()
     tokenizer = AutoTokenizer.from_pretrained(str(model))
     prompt = tokenizer.encode(

@@ -73,15 +73,6 @@ def tiny_model_llama31() -> Path:
 @pytest.fixture(scope="session")
 def vllm_config(tiny_model: Path) -> Any:
     """vLLM's engine config for the tiny model, as the runner adapters are built from it."""
-    import os
+    from hermes_vllm.testing.engine import engine_config
 
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    from vllm.engine.arg_utils import EngineArgs
-
-    return EngineArgs(
-        model=str(tiny_model),
-        dtype="float32",
-        enforce_eager=True,
-        max_model_len=1024,
-        kv_cache_memory_bytes=64 << 20,
-    ).create_engine_config()
+    return engine_config(tiny_model)

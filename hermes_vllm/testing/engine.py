@@ -30,3 +30,19 @@ def offline_llm(model: Path | str, **overrides: Any) -> Any:
     }
     kwargs.update(overrides)
     return LLM(model=str(model), **kwargs)
+
+
+def engine_config(model: Path | str) -> Any:
+    """vLLM's engine config for ``model`` with the same small settings, as the runner adapters
+    are built from it (tests and ``benchmarks/v2_slots.py`` drive the adapters without an engine)."""
+    for key, value in CPU_ENV.items():
+        os.environ.setdefault(key, value)
+    from vllm.engine.arg_utils import EngineArgs
+
+    return EngineArgs(
+        model=str(model),
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=1024,
+        kv_cache_memory_bytes=64 << 20,
+    ).create_engine_config()
