@@ -259,7 +259,35 @@ def first_token(tokenizer_name: str, samples: int) -> dict[str, Any]:
     return result
 
 
-def required_offline(tokenizer_name: str, requests: int, max_tokens: int, passes: int) -> dict[str, Any]:
+def trained_cases(requests: int, max_tokens: int) -> tuple[str, list[tuple[str, list[dict[str, Any]]]]]:
+    """The trained model (:mod:`hermes_vllm.testing.trained_model`) and ``requests`` held-out BFCL
+    items as (prompt, tools): prompts its training put tools in, so its replies are call attempts
+    (names, arguments), not the random model's whitespace."""
+    from transformers import AutoTokenizer
+
+    from hermes_vllm.testing.trained_model import held_out_items, trained_model_path
+
+    model = str(trained_model_path())
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    cases = []
+    for item in held_out_items():
+        prompt = tokenizer.apply_chat_template(
+            item.messages, tools=item.tools, add_generation_prompt=True, tokenize=False
+        )
+        if len(tokenizer(prompt, add_special_tokens=False)["input_ids"]) + max_tokens <= OFFLINE_CONTEXT:
+            cases.append((prompt, item.tools))
+        if len(cases) == requests:
+            break
+    return model, cases
+
+
+OFFLINE_CONTEXT = 2048
+"""``offline_llm``'s ``max_model_len``."""
+
+
+def required_offline(
+    tokenizer_name: str, requests: int, max_tokens: int, passes: int, trained: bool = False
+) -> dict[str, Any]:
     """Offline, ``tool_choice="required"``: output tokens/s of ours against vLLM's structural tag
     (what ``--tool-call-parser hermes --tool-strict-level parameter`` sends), alternating passes.
 
@@ -269,7 +297,8 @@ def required_offline(tokenizer_name: str, requests: int, max_tokens: int, passes
     whitespace inside its call (never closing it). Each pass therefore also reports the time
     in the sampler and in each constraint's own machinery (ours: the logits processor; vLLM's:
     filling, applying and advancing its grammars), per output token, and the same requests
-    without any constraint run alongside as a third yardstick.
+    without any constraint run alongside as a third yardstick. With ``trained``, the requests are
+    held-out BFCL items on the trained model (Qwen 3's tokenizer), each with its own tools.
     """
     from vllm import SamplingParams
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
@@ -293,29 +322,40 @@ def required_offline(tokenizer_name: str, requests: int, max_tokens: int, passes
     timers.wrap(StructuredOutputManager, "grammar_bitmask", "vllm_structural_tag")
     timers.wrap(XgrammarGrammar, "accept_tokens", "vllm_structural_tag")
     timers.wrap(gpu_model_runner, "apply_grammar_bitmask", "vllm_structural_tag")
-    llm = offline_llm(tiny_model_path(tokenizer_name))  # type: ignore[arg-type]
-    chat = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], tools=TOOLS)
-    tag = get_model_structural_tag(
-        "hermes", chat.tools, "required", False, strict_level=ToolStrictLevel.PARAMETER
-    )
-    assert tag is not None
-    options = sampling_options(
-        llm.get_tokenizer(), TOOLS, "required", dialect=DIALECT_OF.get(tokenizer_name, "hermes")
-    )
-    # Every kind detokenizes alike: with the tags kept where they are special tokens (Llama 3.1).
-    common: dict[str, Any] = {
-        "temperature": 1.0,
-        "max_tokens": max_tokens,
-        "skip_special_tokens": options.pop("skip_special_tokens", True),
-    }
-    kinds = {
-        "hermes_vllm": SamplingParams(**common, **options),
-        "vllm_structural_tag": SamplingParams(
-            **common, structured_outputs=StructuredOutputsParams(structural_tag=json.dumps(tag.model_dump()))
-        ),
-        "unconstrained": SamplingParams(**common),
-    }
-    prompt = "<|im_start|>user\nPlease help.<|im_end|>\n<|im_start|>assistant\n"
+    if trained:
+        model, cases = trained_cases(requests, max_tokens)
+        dialect = "hermes"
+    else:
+        model = str(tiny_model_path(tokenizer_name))  # type: ignore[arg-type]
+        cases = [("<|im_start|>user\nPlease help.<|im_end|>\n<|im_start|>assistant\n", TOOLS)] * requests
+        dialect = DIALECT_OF.get(tokenizer_name, "hermes")
+    llm = offline_llm(model)
+
+    def params(tools: list[dict[str, Any]]) -> dict[str, Any]:
+        chat = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], tools=tools)
+        tag = get_model_structural_tag(
+            "hermes", chat.tools, "required", False, strict_level=ToolStrictLevel.PARAMETER
+        )
+        assert tag is not None
+        options = sampling_options(llm.get_tokenizer(), tools, "required", dialect=dialect)
+        # Every kind detokenizes alike: with the tags kept where they are special tokens (Llama 3.1).
+        common: dict[str, Any] = {
+            "temperature": 1.0,
+            "max_tokens": max_tokens,
+            "skip_special_tokens": options.pop("skip_special_tokens", True),
+        }
+        tag_json = json.dumps(tag.model_dump())
+        return {
+            "hermes_vllm": SamplingParams(**common, **options),
+            "vllm_structural_tag": SamplingParams(
+                **common, structured_outputs=StructuredOutputsParams(structural_tag=tag_json)
+            ),
+            "unconstrained": SamplingParams(**common),
+        }
+
+    per_case = [params(tools) for _, tools in cases]
+    prompts = [prompt for prompt, _ in cases]
+    kinds = {name: [p[name] for p in per_case] for name in per_case[0]}
     rates: dict[str, list[float]] = {k: [] for k in kinds}
     unsampled: dict[str, list[float]] = {k: [] for k in kinds}
     sampler_us: dict[str, list[float]] = {k: [] for k in kinds}
@@ -325,7 +365,7 @@ def required_offline(tokenizer_name: str, requests: int, max_tokens: int, passes
         for name in names[n % 3 :] + names[: n % 3]:  # each kind first in turn
             timers.take()
             start = time.perf_counter()
-            outputs = llm.generate([prompt] * requests, kinds[name], use_tqdm=False)
+            outputs = llm.generate(prompts, kinds[name], use_tqdm=False)
             wall = time.perf_counter() - start
             spent = timers.take()
             tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
@@ -345,7 +385,8 @@ def required_offline(tokenizer_name: str, requests: int, max_tokens: int, passes
         return {k: round(statistics.median(v), 1) for k, v in of.items()}
 
     return {
-        "requests": requests,
+        "model": "trained" if trained else f"tiny ({tokenizer_name})",
+        "requests": len(cases),
         "max_tokens": max_tokens,
         "tokens_per_s": rounded(rates),
         "ratio_per_pass": [round(r, 3) for r in ratios(rates)],
@@ -405,6 +446,11 @@ def main() -> None:
     parser.add_argument(
         "--required-offline", action="store_true", help="also: required mode against vLLM's structural tag"
     )
+    parser.add_argument(
+        "--trained",
+        action="store_true",
+        help="--required-offline on the trained model and held-out BFCL items (Qwen 3's tokenizer)",
+    )
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=2, help="requests per burst / concurrency")
     parser.add_argument("--max-tokens", type=int, default=256)
@@ -413,12 +459,15 @@ def main() -> None:
     args = parser.parse_args()
     results = measure(args.tokenizer, args.batch, args.share, args.steps)
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"processor-{args.tokenizer}"  # not Path.with_suffix: "llama3.1" holds a dot
+    # Not Path.with_suffix: "llama3.1" holds a dot.
+    stem = f"processor-{args.tokenizer}" + ("-trained" if args.trained else "")
     report: dict[str, Any] = {"per_step": results}
     if args.first_token:
         report["first_token"] = first_token(args.tokenizer, 15)
     if args.required_offline:
-        report["required_offline"] = required_offline(args.tokenizer, args.concurrency, 128, args.passes)
+        report["required_offline"] = required_offline(
+            args.tokenizer, args.concurrency, 128, args.passes, trained=args.trained
+        )
         print(json.dumps(report["required_offline"]), flush=True)
     if args.e2e:
         report["end_to_end"] = end_to_end(
