@@ -237,7 +237,7 @@ class Recipe:
     """Everything that decides the weights: the same recipe gives byte-identical files on one
     machine (a fixed seed, a fixed step count, a fixed thread count: never a time limit)."""
 
-    steps: int = 400
+    steps: int = 1500
     seed: int = 0
     hidden_size: int = 128
     num_layers: int = 4
