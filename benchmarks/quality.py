@@ -33,6 +33,7 @@ import logging
 import os
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -52,6 +53,11 @@ OURS = (
     *("--reasoning-parser", "hermes_vllm_qwen"),
 )
 """Our parsers in Qwen 3's dialect (``name`` first), the trained model's."""
+BRACKETS = (
+    *("--enable-auto-tool-choice", "--tool-call-parser", "hermes_vllm_brackets"),
+    *("--reasoning-parser", "hermes_vllm_brackets"),
+)
+"""Our parsers in the bracket dialect, served with our bracket template (vLLM has no parser for it)."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,9 @@ class Server:
     env: dict[str, str]
     configs: tuple[tuple[str, str], ...]
     """(label, tool choice) pairs: ``none``, ``auto``, ``required`` or ``named``."""
+    template: str | None = None
+    """The dialect whose template of ours renders the prompts (``--chat-template``); None: the
+    model's own (Qwen 3's, ``<tool_call>``)."""
 
 
 SERVERS: dict[str, Server] = {
@@ -72,6 +81,16 @@ SERVERS: dict[str, Server] = {
     "ours_ws8": Server(OURS, {"HERMES_VLLM_MAX_CALL_WHITESPACE": "8"}, (("ours required ws8", "required"),)),
     "ours_any_order": Server(
         OURS, {"HERMES_VLLM_CALL_KEY_ORDER": "any"}, (("ours required any order", "required"),)
+    ),
+    "ours_brackets": Server(
+        BRACKETS,
+        {},
+        (
+            ("no parser, brackets", "none"),
+            ("ours brackets auto", "auto"),
+            ("ours brackets required", "required"),
+        ),
+        template="chatml-brackets",
     ),
 }
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -181,7 +200,7 @@ def tool_choice_field(item: Item, choice: str) -> Any:
     return choice
 
 
-def ask(client: Any, model: str, item: Item, *, choice: str, max_tokens: int) -> Outcome:
+def ask(client: Any, model: str, item: Item, *, choice: str, max_tokens: int, dialect: str) -> Outcome:
     """Send ``item`` once and judge the reply; an HTTP error is a reply with no call."""
     from openai import APIError
 
@@ -202,7 +221,7 @@ def ask(client: Any, model: str, item: Item, *, choice: str, max_tokens: int) ->
     seconds = time.monotonic() - started
     message = reply.choices[0].message
     if choice == "none":
-        calls = calls_from_text(message.content or "")
+        calls = calls_from_text(message.content or "", dialect)
     else:
         calls = [
             ParsedCall(c.function.name, c.function.arguments)
@@ -231,29 +250,43 @@ def serve(name: str, model: str, items: Sequence[Item], max_tokens: int, workers
     """Start server ``name`` once and send it every item under each of its configurations."""
     from openai import OpenAI
 
+    from hermes_vllm.formats.chat_template import chat_template
     from hermes_vllm.testing.server import CPU_ARGS, CPU_ENV, openai_server
 
     server = SERVERS[name]
     started = time.monotonic()
     results = []
-    with openai_server(model, (*CPU_ARGS, "--seed", "0", *server.flags), {**CPU_ENV, **server.env}) as url:
-        logger.info("%s up in %.0f s", name, time.monotonic() - started)
-        client = OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600)
-        for label, choice in server.configs:
-            asked = [i for i in items if choice != "named" or len(i.expected_names) == 1]
-            result = Result(label, name, choice)
-            begun = time.monotonic()
-            with ThreadPoolExecutor(max_workers=workers) as pool:
-                result.outcomes = list(
-                    pool.map(partial(ask, client, model, choice=choice, max_tokens=max_tokens), asked)
+    flags = [*CPU_ARGS, "--seed", "0", *server.flags]
+    with tempfile.TemporaryDirectory() as folder:
+        if server.template is not None:
+            template = Path(folder) / f"{server.template}.jinja"
+            template.write_text(chat_template(server.template), encoding="utf-8")
+            flags += ["--chat-template", str(template)]
+        with openai_server(model, flags, {**CPU_ENV, **server.env}) as url:
+            logger.info("%s up in %.0f s", name, time.monotonic() - started)
+            client = OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600)
+            for label, choice in server.configs:
+                asked = [i for i in items if choice != "named" or len(i.expected_names) == 1]
+                result = Result(label, name, choice)
+                begun = time.monotonic()
+                one = partial(
+                    ask,
+                    client,
+                    model,
+                    choice=choice,
+                    max_tokens=max_tokens,
+                    dialect=server.template or "qwen",
                 )
-            result.wall_s = time.monotonic() - begun
-            summary = result.summary()
-            logger.info(
-                "%s: %d items, valid %.2f, right tool %.2f, exact %.2f, %.0f s",
-                label, len(asked), summary["valid"], summary["right_tool"], summary["exact"], result.wall_s,
-            )  # fmt: skip
-            results.append(result)
+                with ThreadPoolExecutor(max_workers=workers) as pool:
+                    result.outcomes = list(pool.map(one, asked))
+                result.wall_s = time.monotonic() - begun
+                summary = result.summary()
+                logger.info(
+                    "%s: %d items, valid %.2f, right tool %.2f, exact %.2f, %.0f s",
+                    *(label, len(asked), summary["valid"], summary["right_tool"], summary["exact"]),
+                    result.wall_s,
+                )
+                results.append(result)
     return results
 
 

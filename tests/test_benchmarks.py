@@ -167,8 +167,9 @@ def test_worstcase_sweep_runs(tmp_path: Path) -> None:
 
 @pytest.mark.server
 def test_quality_runs(tmp_path: Path) -> None:
-    """Two held-out items through our server's three modes on the random model: the report's shape
-    (the rates of a random model are not checked, only that they are rates)."""
+    """Two held-out items through our server's three modes, and the bracket dialect's server with
+    our template, on the random model: the report's shape (the rates of a random model are not
+    checked, only that they are rates)."""
     from hermes_vllm.testing import tiny_model_path
 
     model = str(tiny_model_path("qwen3"))
@@ -179,16 +180,20 @@ def test_quality_runs(tmp_path: Path) -> None:
         "--model",
         model,
         "--servers",
-        "ours",
+        "ours,ours_brackets",
         "--max-tokens",
         "64",
         out=tmp_path,
     )
     report = json.loads((tmp_path / "quality.json").read_text())
     assert len(report["items"]) == 2 and report["sampling"].startswith("temperature 0")
-    assert set(report["configs"]) == {"ours auto", "ours required", "ours named"}
+    assert set(report["configs"]) == {
+        *("ours auto", "ours required", "ours named"),
+        *("no parser, brackets", "ours brackets auto", "ours brackets required"),
+    }
     for summary in report["configs"].values():
         assert summary["items"] >= 1 and summary["tokens_per_reply"] > 0
         assert all(0 <= summary[k] <= 1 for k in ("parse", "valid", "right_tool", "exact"))
-    assert report["configs"]["ours required"]["valid"] == 1.0  # the constraint's promise, even here
+    for required in ("ours required", "ours brackets required"):  # the constraint's promise, even here
+        assert report["configs"][required]["valid"] == 1.0
     assert (tmp_path / "quality.png").stat().st_size > 0 and (tmp_path / "quality.md").exists()

@@ -68,6 +68,22 @@ def test_examples_render_through_qwen3s_template_and_read_back_through_our_parse
         assert not read.content.strip(), item.id
 
 
+def test_one_training_item_in_four_renders_in_the_bracket_dialect_and_reads_back(tokenizer: Any) -> None:
+    items = tm.training_items()
+    brackets = [i for i in items if tm.dialect_of(i) == tm.BRACKETS]
+    assert 0.2 < len(brackets) / len(items) < 0.3
+    assert all(tm.dialect_of(i) is None for i in items if i not in brackets)
+    for item in brackets[:20]:
+        prompt, reply = tm.render(tokenizer, item, tm.reasoning_for(item), tm.dialect_of(item))
+        assert "[tool_call]" in prompt and "<tool_call>" not in prompt  # the system turn names its tags
+        assert prompt.endswith("<|im_start|>assistant\n") and reply.endswith("[/tool_call]<|im_end|>")
+        read = SpanStream(get_dialect(tm.BRACKETS)).read(reply.removesuffix("<|im_end|>"))
+        assert [(c.name, json.loads(c.arguments)) for c in read.calls] == [
+            (c.name, c.arguments) for c in item.target
+        ], item.id
+        assert not read.content.strip() and not read.reasoning, item.id
+
+
 def test_the_same_recipe_gives_byte_identical_weights(tmp_path: Path) -> None:
     recipe = replace(
         tm.DEFAULT_RECIPE, steps=3, hidden_size=32, num_layers=1, intermediate_size=32, batch_size=2

@@ -13,7 +13,10 @@ here, so this module trains one on the CPU from the pinned ``bfcl-eval`` wheel:
   on; the same for every machine and every recipe.
 - **Format**: the conversation rendered through Qwen 3's own chat template (tools in the system
   turn, ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` replies, some with a
-  ``<think>`` block naming the tool before the call), on Qwen 3's real tokenizer.
+  ``<think>`` block naming the tool before the call), on Qwen 3's real tokenizer; one training
+  item in :data:`BRACKETS_EVERY` (by a hash of its id) through our ``chatml-brackets`` template
+  instead (its system turn names ``[tool_call]``), so one model serves both dialects, each with
+  its own template (:func:`dialect_of`).
 - **Model and training**: :mod:`hermes_vllm.testing.trained_model` ``Recipe`` (a Qwen 3
   architecture, a fixed seed and step count, never a time limit, so the same recipe gives
   byte-identical weights), cached in the artifact cache under the recipe's hash.
@@ -37,6 +40,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from hermes_vllm.formats.chat_template import chat_template
 from hermes_vllm.testing.artifacts import unpacked
 from hermes_vllm.testing.corpus import BFCL_FILES, as_openai_tool, registry_corpus
 from hermes_vllm.testing.registry_tokenizers import LOGITS_WIDTH
@@ -44,12 +48,15 @@ from hermes_vllm.testing.tiny_model import BUILD_VERSION, load_tokenizer, pin_si
 
 logger = logging.getLogger(__name__)
 
-DATA_VERSION = 1
+DATA_VERSION = 2
 """Bump when the examples built from the corpus change, so cached models are retrained."""
 SIMPLE_ARGUMENTS = 2
 """The most arguments a call of the curriculum's first stage has."""
 HELD_OUT_EVERY = 5
 """One item in this many is held out (by a hash of its id, not by its position in a file)."""
+BRACKETS_EVERY = 4
+"""One training item in this many is rendered in the bracket dialect (by a hash of its id)."""
+BRACKETS = "chatml-brackets"
 
 
 @dataclass(frozen=True)
@@ -170,10 +177,20 @@ class Example:
     """One tool offered, one call with few arguments: the curriculum's first stage."""
 
 
+def dialect_of(item: Item) -> str | None:
+    """The dialect whose template renders ``item`` in training: :data:`BRACKETS` for one item in
+    :data:`BRACKETS_EVERY`, else None (Qwen 3's own template, ``<tool_call>``)."""
+    return None if _hashed("brackets", item) % BRACKETS_EVERY else BRACKETS
+
+
+def _hashed(salt: str, item: Item) -> int:
+    return int(hashlib.sha256(f"{salt}:{item.id}".encode()).hexdigest()[:8], 16)
+
+
 def reasoning_for(item: Item) -> str | None:
     """The ``<think>`` text some training replies carry (fixed by the item id: one in three),
     naming the tool(s) before the call, so reasoning first and then a call is a pattern seen."""
-    if int(hashlib.sha256(f"think:{item.id}".encode()).hexdigest()[:8], 16) % 3:
+    if _hashed("think", item) % 3:
         return None
     names = list(dict.fromkeys(item.expected_names))
     plural = "calls" if len(item.target) > 1 else "call"
@@ -199,15 +216,22 @@ def _ids(rendered: Any) -> list[int]:
     return [int(i) for i in ids]
 
 
-def render(tokenizer: Any, item: Item, reasoning: str | None = None) -> tuple[str, str]:
+def render(
+    tokenizer: Any, item: Item, reasoning: str | None = None, dialect: str | None = None
+) -> tuple[str, str]:
     """(prompt, reply) text of ``item`` answered with its target calls, through the tokenizer's
-    chat template: the prompt is what a server renders for the request (generation prompt
-    included), the reply what the model is trained to write after it (up to ``<|im_end|>``)."""
+    chat template (or our template of ``dialect``): the prompt is what a server renders for the
+    request (generation prompt included), the reply what the model is trained to write after it
+    (up to ``<|im_end|>``). Our bracket template renders no reasoning before a call."""
+    template = None if dialect is None else chat_template(dialect)
     prompt = tokenizer.apply_chat_template(
-        item.messages, tools=item.tools, add_generation_prompt=True, tokenize=False
+        item.messages, tools=item.tools, add_generation_prompt=True, tokenize=False, chat_template=template
     )
     full = tokenizer.apply_chat_template(
-        [*item.messages, assistant_message(item.target, reasoning)], tools=item.tools, tokenize=False
+        [*item.messages, assistant_message(item.target, reasoning)],
+        tools=item.tools,
+        tokenize=False,
+        chat_template=template,
     )
     if not full.startswith(prompt):
         raise ValueError(f"{item.id}: the template's conversation does not extend its generation prompt")
@@ -218,7 +242,7 @@ def build_examples(tokenizer: Any, items: list[Item], max_prompt_tokens: int) ->
     """The training sequences of ``items`` whose prompt fits in ``max_prompt_tokens``."""
     examples = []
     for item in items:
-        prompt, reply = render(tokenizer, item, reasoning_for(item))
+        prompt, reply = render(tokenizer, item, reasoning_for(item), dialect_of(item))
         prompt_ids = _ids(tokenizer(prompt, add_special_tokens=False))
         if len(prompt_ids) > max_prompt_tokens:
             continue
