@@ -42,6 +42,8 @@ from hermes_vllm.processor.core import ConstraintCore, RowState
 if TYPE_CHECKING:
     from vllm import SamplingParams
 
+    from hermes_vllm.grammar.compiler import ToolCallMatcher
+
 
 _FIELDS = attrgetter(*RowState.__slots__)
 """A row's fields in declaration order, read in one C call (``RowState(*fields)`` rebuilds it)."""
@@ -190,6 +192,10 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         """
         host = self._host
         with host.lock:
+            state = self._state
+            matcher = state.matcher
+            if matcher is not None and not state.gated and state.paused is None and state.failed is None:
+                return tokens[: self._valid_on_matcher(matcher, tokens)]
             start = self._snapshot()
             valid = 0
             for token in tokens:
@@ -199,6 +205,26 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
                 valid += 1
             self._restore(start)
         return tokens[:valid]
+
+    def _valid_on_matcher(self, matcher: ToolCallMatcher, tokens: list[int]) -> int:
+        """How many of ``tokens`` the matcher takes, asked of the matcher alone, then rolled back.
+
+        For a row whose engine runs everywhere (not gated), running and not paused, this is what
+        feeding the whole row answers: the core feeds such a row's matcher every token and nothing
+        else can refuse one (only a fill pauses a row or regates it; the budget never refuses a
+        token). It skips the row's copy, the budget's following of each draft and the restore,
+        and asks the matcher once per draft, not twice."""
+        stops = self._state.stop_ids
+        terminated = self._terminated
+        valid = 0
+        for token in tokens:
+            if terminated or not matcher.accept_token(token):
+                break
+            valid += 1
+            terminated = token in stops
+        if valid:
+            matcher.rollback(valid)
+        return valid
 
     def _matcher_allows(self, token: int) -> bool:
         """Ask a running matcher first, so that a refused draft is not reported as a row the core
