@@ -258,3 +258,17 @@ def test_validated_drafts_are_the_prefix_the_row_itself_takes(
         assert torch.equal(bitmask[0], masks[i]), f"mask at {i}"
         assert row.accept_tokens("row", [tokens[i]])
     assert cut > 0
+
+
+def test_a_bitmask_of_another_width_is_refused_not_filled_elsewhere(tokenizer: Any) -> None:
+    """The core fills vLLM's bitmask in place; one of another width would make it fill a bitmask
+    of its own (vLLM's row left as it was), so it is refused."""
+    from vllm import SamplingParams
+
+    from hermes_vllm.processor.hosted import RowHost
+
+    width = len(tokenizer)
+    host = RowHost(ConstraintCore(lambda: tokenizer, width, engine="auto"), window=4)
+    row = host.grammar(SamplingParams(max_tokens=40, extra_args=constraint_args([TOOL], "required")))
+    with pytest.raises(ValueError, match="not the hermes-vllm core's"):
+        row.fill_bitmask(torch.zeros((2, (width + 31) // 32 + 1), dtype=torch.int32), 1)

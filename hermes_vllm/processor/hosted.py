@@ -112,6 +112,27 @@ class RowHost:
         masked, _ = core.fill([(0, state)], core.vocab_size)
         return core.bitmask[0] if masked else None
 
+    def fill_into(self, state: RowState, bitmask: torch.Tensor, row: int) -> None:
+        """Fill ``bitmask[row]`` (vLLM's) for ``state``, every token allowed where nothing is masked.
+
+        The core fills vLLM's bitmask in place (its own set aside while the lock is held): filling
+        the scratch row and copying it cost a quarter of a fill. Both are sized from the model's
+        vocabulary; where they are not alike the core would fill a bitmask of its own instead."""
+        core = self.core
+        own = core.bitmask
+        if bitmask.shape[1] != own.shape[1] or bitmask.dtype != own.dtype:
+            raise ValueError(
+                f"vLLM's bitmask ({bitmask.shape[1]} {bitmask.dtype} words a row) is not the "
+                f"hermes-vllm core's ({own.shape[1]} {own.dtype})"
+            )
+        core.bitmask = bitmask
+        try:
+            masked, _ = core.fill([(row, state)], core.vocab_size)
+        finally:
+            core.bitmask = own
+        if not masked:
+            bitmask[row].fill_(-1)
+
     def settle(self, state: RowState) -> None:
         """What the fill at this position does to the row, without computing its mask where
         nothing depends on the mask: the budget's plan (it may begin forcing a text, or move
@@ -252,11 +273,7 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
 
     def fill_bitmask(self, bitmask: torch.Tensor, batch_index: int) -> None:
         with self._host.lock:
-            words = self._host.fill(self._state)
-            if words is None:
-                bitmask[batch_index].fill_(-1)
-            else:
-                bitmask[batch_index].copy_(words)
+            self._host.fill_into(self._state, bitmask, batch_index)
 
     def is_terminated(self) -> bool:
         return self._terminated
