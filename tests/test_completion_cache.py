@@ -58,3 +58,14 @@ def test_cached_token_counts_equal_fresh_ones() -> None:
     for text in ["abc", "ab", "abcabc", '"}', "x", "abc"]:
         assert speller.count(text) == Speller(pieces).count(text), text
     assert speller.tokens("abc") == 1 and speller.count("abx") is None
+
+
+def test_cached_prefix_tokens_equal_fresh_ones_past_the_longest_token() -> None:
+    """Prefix tokens are kept per the text's first ``longest`` characters: texts that differ only
+    after them share an answer, texts that differ at the last of them do not."""
+    pieces = ["a", "ab", "abc", "b", "bc", "c"]
+    speller = Speller(pieces)  # longest token: 3 characters
+    for text in ["abcx", "abcy", "abx", "ab", "abc", "b", "bcab", "x", ""]:
+        for _ in range(2):
+            assert speller.prefixes(text) == Speller(pieces).prefixes(text), text
+    assert speller.prefixes("abcx") == (2, 1, 0) and speller.prefixes("abx") == (1, 0)

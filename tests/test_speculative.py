@@ -205,3 +205,70 @@ def test_drafts_rolled_back_leave_the_row_as_if_only_the_kept_tokens_came(
     drafted.fill_bitmask(bitmask, 0)
     assert torch.equal(bitmask[0], masks[steps])
     assert cut > 0
+
+
+@pytest.mark.parametrize(("choice", "max_tokens"), [("required", 24), ("required", 60), ("auto", 60)])
+def test_validated_drafts_are_the_prefix_the_row_itself_takes(
+    tokenizer: Any, choice: str, max_tokens: int
+) -> None:
+    """``validate_tokens`` (on the matcher alone where the row's engine runs everywhere) against
+    the row itself: at every position of a plain run, random drafts (the run's next tokens, one
+    replaced by a random or a stop token) are cut exactly where a copy of the row, fed the drafts
+    one by one with a fill before each, refuses one or terminates; and validating leaves the row
+    where it was (the next mask is the plain run's)."""
+    from vllm import SamplingParams
+
+    from hermes_vllm.processor.hosted import RowHost
+
+    width = len(tokenizer)
+    host = RowHost(ConstraintCore(lambda: tokenizer, width, engine="auto"), window=4)
+    args = constraint_args([TOOL], choice)
+
+    def grammar() -> Any:
+        return host.grammar(SamplingParams(max_tokens=max_tokens, extra_args=args))
+
+    script = tokenizer.encode(TURN, add_special_tokens=False)
+    steps = max_tokens - 1
+    tokens, masks = scripted(grammar(), script, width, steps)
+    rng = random.Random(1)
+    bitmask = torch.zeros((1, (width + 31) // 32), dtype=torch.int32)
+    row = grammar()
+    stop = tokenizer.eos_token_id
+    cut = 0
+    for i in range(steps):
+        for _ in range(3 if i else 0):  # vLLM drafts from the second step on
+            drafts = tokens[i : i + 3]
+            if drafts and rng.random() < 0.7:
+                drafts[rng.randrange(len(drafts))] = stop if rng.random() < 0.3 else rng.randrange(width)
+            copy = grammar()
+            for j, token in enumerate(tokens[:i]):
+                copy.fill_bitmask(bitmask, 0)
+                assert copy.accept_tokens("copy", [token]), j
+            taken = 0
+            for token in drafts:
+                if copy.is_terminated():
+                    break
+                copy.fill_bitmask(bitmask, 0)
+                if not copy.accept_tokens("copy", [token]):
+                    break
+                taken += 1
+            assert row.validate_tokens(list(drafts)) == drafts[:taken], (i, drafts)
+            cut += taken < len(drafts)
+        row.fill_bitmask(bitmask, 0)
+        assert torch.equal(bitmask[0], masks[i]), f"mask at {i}"
+        assert row.accept_tokens("row", [tokens[i]])
+    assert cut > 0
+
+
+def test_a_bitmask_of_another_width_is_refused_not_filled_elsewhere(tokenizer: Any) -> None:
+    """The core fills vLLM's bitmask in place; one of another width would make it fill a bitmask
+    of its own (vLLM's row left as it was), so it is refused."""
+    from vllm import SamplingParams
+
+    from hermes_vllm.processor.hosted import RowHost
+
+    width = len(tokenizer)
+    host = RowHost(ConstraintCore(lambda: tokenizer, width, engine="auto"), window=4)
+    row = host.grammar(SamplingParams(max_tokens=40, extra_args=constraint_args([TOOL], "required")))
+    with pytest.raises(ValueError, match="not the hermes-vllm core's"):
+        row.fill_bitmask(torch.zeros((2, (width + 31) // 32 + 1), dtype=torch.int32), 1)

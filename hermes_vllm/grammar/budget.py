@@ -78,13 +78,23 @@ class Speller:
                 self._ids.setdefault(piece, []).append(token_id)
         self._longest = min(max((len(p) for p in self._ids), default=1), _LONGEST)
         self._counts: TextKeyed[str, int | None] = TextKeyed(_COUNTED_CHARS)
+        self._prefixes: TextKeyed[str, tuple[int, ...]] = TextKeyed(_COUNTED_CHARS)
 
-    def prefixes(self, text: str) -> list[int]:
-        """Tokens whose bytes are a prefix of ``text`` (latin-1), longest first."""
+    def prefixes(self, text: str) -> tuple[int, ...]:
+        """Tokens whose bytes are a prefix of ``text`` (latin-1), longest first.
+
+        Kept per ``text``'s first ``longest`` characters (nothing after them can be in a token):
+        a forced text is looked up at every fill while it is written, each draft row's and the
+        fill again before the kept token, one dict lookup each after the first (up to 64 slices
+        and lookups)."""
+        head = text[: self._longest]
+        found = self._prefixes.get(head)
+        if found is not None:
+            return found
         out: list[int] = []
-        for k in range(min(len(text), self._longest), 0, -1):
-            out += self._ids.get(text[:k], ())
-        return out
+        for k in range(len(head), 0, -1):
+            out += self._ids.get(head[:k], ())
+        return self._prefixes.keep(head, head, tuple(out))
 
     def tokens(self, text: str) -> int:
         """``text`` (not latin-1) measured in this vocabulary's tokens (its bytes where it cannot

@@ -42,9 +42,12 @@ from hermes_vllm.processor.core import ConstraintCore, RowState
 if TYPE_CHECKING:
     from vllm import SamplingParams
 
+    from hermes_vllm.grammar.compiler import ToolCallMatcher
+
 
 _FIELDS = attrgetter(*RowState.__slots__)
 """A row's fields in declaration order, read in one C call (``RowState(*fields)`` rebuilds it)."""
+_MATCHER = RowState.__slots__.index("matcher")
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +70,10 @@ class _Snapshot:
         kept = None if budget is None else vars(budget).copy()
         accepted = state.matcher.accepted if state.matcher is not None else 0
         return cls(_FIELDS(state), tuple(state.pending), kept, accepted, terminated)
+
+    @property
+    def matcher(self) -> ToolCallMatcher | None:
+        return self.fields[_MATCHER]  # type: ignore[no-any-return]
 
     def row(self) -> RowState:
         """A fresh row as the snapshot was taken (a snapshot may be restored more than once)."""
@@ -110,6 +117,27 @@ class RowHost:
         masked, _ = core.fill([(0, state)], core.vocab_size)
         return core.bitmask[0] if masked else None
 
+    def fill_into(self, state: RowState, bitmask: torch.Tensor, row: int) -> None:
+        """Fill ``bitmask[row]`` (vLLM's) for ``state``, every token allowed where nothing is masked.
+
+        The core fills vLLM's bitmask in place (its own set aside while the lock is held): filling
+        the scratch row and copying it cost a quarter of a fill. Both are sized from the model's
+        vocabulary; where they are not alike the core would fill a bitmask of its own instead."""
+        core = self.core
+        own = core.bitmask
+        if bitmask.shape[1] != own.shape[1] or bitmask.dtype != own.dtype:
+            raise ValueError(
+                f"vLLM's bitmask ({bitmask.shape[1]} {bitmask.dtype} words a row) is not the "
+                f"hermes-vllm core's ({own.shape[1]} {own.dtype})"
+            )
+        core.bitmask = bitmask
+        try:
+            masked, _ = core.fill([(row, state)], core.vocab_size)
+        finally:
+            core.bitmask = own
+        if not masked:
+            bitmask[row].fill_(-1)
+
     def settle(self, state: RowState) -> None:
         """What the fill at this position does to the row, without computing its mask where
         nothing depends on the mask: the budget's plan (it may begin forcing a text, or move
@@ -147,7 +175,12 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         self._host = host
         self._state = state
         self._terminated = False
-        self._trail: deque[_Snapshot] = deque(maxlen=host.window)
+        self._trail: deque[tuple[_Snapshot, int]] = deque(maxlen=host.window)
+        """The row before each accepted token, and the token."""
+        self._undone: list[_Snapshot] = []
+        """The path the last rollback undid: the row before each of its tokens, then the row it
+        was rolled back from (``_undone_tokens`` the tokens); emptied by any other call."""
+        self._undone_tokens: list[int] = []
         self._initial = self._snapshot()
 
     @property
@@ -173,13 +206,47 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
     def accept_tokens(self, request_id: str, tokens: list[int]) -> bool:
         host = self._host
         with host.lock:
-            for i, token in enumerate(tokens):
-                if i:
+            done = self._redo(tokens)
+            for i, token in enumerate(tokens[done:], done):
+                if i > done:
                     host.settle(self._state)  # what the fill this position gets without drafts does
-                self._trail.append(self._snapshot())
+                self._trail.append((self._snapshot(), token))
                 if not self._accept(token):
                     return False
         return True
+
+    def _redo(self, tokens: list[int]) -> int:
+        """Take the kept drafts from the path the last rollback undid instead of recomputing it.
+
+        vLLM fills the draft path (a fill, then the draft, at each position), rolls it back and
+        accepts the kept tokens at once: the kept drafts' rows were computed already, each after
+        its position's fill (which is what settling emulates). Where that path's matcher took
+        exactly one token a draft (one matcher throughout, never paused or replayed), it is fed
+        the kept drafts again and the row becomes the path's row after the last of them and its
+        next fill; the settle that fill stands for is skipped. Returns how many of ``tokens``
+        were taken so (at most all but the last: the row after the last one's fill is not what
+        accepting it leaves)."""
+        undone, drafts = self._undone, self._undone_tokens
+        self._undone, self._undone_tokens = [], []
+        taken = 0
+        limit = min(len(drafts), len(tokens) - 1)
+        while taken < limit and tokens[taken] == drafts[taken]:
+            taken += 1
+        if not taken:
+            return 0
+        matcher = undone[0].matcher
+        if matcher is None or any(
+            s.matcher is not matcher or s.accepted != undone[0].accepted + i
+            for i, s in enumerate(undone[: taken + 1])
+        ):
+            return 0
+        for i, token in enumerate(tokens[:taken]):
+            if not matcher.accept_token(token):  # an engine that does not repeat itself: recompute
+                matcher.rollback(i)
+                return 0
+        self._trail.extend(zip(undone[:taken], tokens[:taken], strict=True))
+        self._restore(undone[taken])
+        return taken
 
     def validate_tokens(self, tokens: list[int]) -> list[int]:
         """The drafts' longest prefix the grammar accepts (on a copy of the path, then restored).
@@ -190,6 +257,11 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         """
         host = self._host
         with host.lock:
+            self._undone, self._undone_tokens = [], []
+            state = self._state
+            matcher = state.matcher
+            if matcher is not None and not state.gated and state.paused is None and state.failed is None:
+                return tokens[: self._valid_on_matcher(matcher, tokens)]
             start = self._snapshot()
             valid = 0
             for token in tokens:
@@ -199,6 +271,26 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
                 valid += 1
             self._restore(start)
         return tokens[:valid]
+
+    def _valid_on_matcher(self, matcher: ToolCallMatcher, tokens: list[int]) -> int:
+        """How many of ``tokens`` the matcher takes, asked of the matcher alone, then rolled back.
+
+        For a row whose engine runs everywhere (not gated), running and not paused, this is what
+        feeding the whole row answers: the core feeds such a row's matcher every token and nothing
+        else can refuse one (only a fill pauses a row or regates it; the budget never refuses a
+        token). It skips the row's copy, the budget's following of each draft and the restore,
+        and asks the matcher once per draft, not twice."""
+        stops = self._state.stop_ids
+        terminated = self._terminated
+        valid = 0
+        for token in tokens:
+            if terminated or not matcher.accept_token(token):
+                break
+            valid += 1
+            terminated = token in stops
+        if valid:
+            matcher.rollback(valid)
+        return valid
 
     def _matcher_allows(self, token: int) -> bool:
         """Ask a running matcher first, so that a refused draft is not reported as a row the core
@@ -220,17 +312,15 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
                 raise ValueError(
                     f"hermes-vllm keeps {len(self._trail)} tokens of rollback, asked for {num_tokens}"
                 )
-            for _ in range(num_tokens - 1):
-                self._trail.pop()
-            self._restore(self._trail.pop())
+            undone = [self._trail.pop() for _ in range(num_tokens)][::-1]
+            self._undone = [s for s, _ in undone] + [self._snapshot()]
+            self._undone_tokens = [t for _, t in undone]
+            self._restore(self._undone[0])
 
     def fill_bitmask(self, bitmask: torch.Tensor, batch_index: int) -> None:
         with self._host.lock:
-            words = self._host.fill(self._state)
-            if words is None:
-                bitmask[batch_index].fill_(-1)
-            else:
-                bitmask[batch_index].copy_(words)
+            self._undone, self._undone_tokens = [], []
+            self._host.fill_into(self._state, bitmask, batch_index)
 
     def is_terminated(self) -> bool:
         return self._terminated
@@ -238,6 +328,7 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
     def reset(self) -> None:
         with self._host.lock:
             self._trail.clear()
+            self._undone, self._undone_tokens = [], []
             self._restore(self._initial)
 
 

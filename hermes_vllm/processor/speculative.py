@@ -88,17 +88,19 @@ def missing() -> str | None:
     return _missing
 
 
-def _host(manager: Any) -> RowHost:
+def host(manager: Any) -> RowHost:
+    """The :class:`RowHost` of a ``StructuredOutputManager`` (one core per engine process, built
+    on first use); ``benchmarks/specdec.py`` replays outputs through it."""
     from hermes_vllm.processor.config import new_core
     from hermes_vllm.processor.hosted import RowHost
 
     with _lock:
-        host: RowHost | None = getattr(manager, _HOST, None)
-        if host is None:
+        found: RowHost | None = getattr(manager, _HOST, None)
+        if found is None:
             config = manager.vllm_config
-            host = RowHost(new_core(config, pin_memory=False), config.num_speculative_tokens + 1)
-            setattr(manager, _HOST, host)
-        return host
+            found = RowHost(new_core(config, pin_memory=False), config.num_speculative_tokens + 1)
+            setattr(manager, _HOST, found)
+        return found
 
 
 def _served_backend(vllm_config: Any) -> str:
@@ -137,7 +139,7 @@ def _wrap_create(method: Callable[..., Any]) -> Callable[..., Any]:
     def _create_grammar(self: Any, request: Any) -> Any:
         if not is_marked(request.sampling_params):
             return method(self, request)
-        return _host(self).grammar(request.sampling_params)
+        return host(self).grammar(request.sampling_params)
 
     return _create_grammar
 
