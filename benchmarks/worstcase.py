@@ -329,6 +329,7 @@ def _chart(result: dict[str, Any], path: Path) -> None:
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)  # written after every task: an open figure each time piled up
 
 
 def _write(args: argparse.Namespace, result: dict[str, Any]) -> None:
