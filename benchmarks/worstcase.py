@@ -3,6 +3,7 @@
     python benchmarks/worstcase.py [--sets 4] [--stride 8] [--rotate] [--jobs 2]
                                    [--engines xgrammar llguidance outlines] [--shapes N]
                                    [--samplers ...] [--tokenizer mistral-v1] [--out PATH.json]
+                                   [--write-every N] [--resume]
 
 Every sampler of :mod:`hermes_vllm.testing.adversary` plays ``required``, named and ``auto`` turns
 over hand-written schemas of each shape the completer covers and ``--sets`` BFCL tool sets, at
@@ -214,14 +215,52 @@ def _task(
     return rows, refused
 
 
+_SAME = ("tokenizer", "engines", "sets", "stride", "samplers", "rotate", "shapes", "thinking_budget", "seed")
+
+
+def _resumed(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[str], float]:
+    """The rows, refusals and seconds of ``--out``'s earlier sweep whose tasks are done and kept.
+
+    A task (one engine and shape) is done when it has rows or refusals in the file (the file is
+    written only between tasks); a task with any run not kept is dropped, so it is played again
+    against today's code. The earlier sweep must have played the same plays (``_SAME``).
+    """
+    if not args.resume or not args.out.exists():
+        return [], [], 0.0
+    earlier = json.loads(args.out.read_text())
+    meta = {**earlier["meta"], "seed": earlier["meta"].get("seed", 1)}
+    ours = {**vars(args), "thinking_budget": THINKING}
+    differ = [k for k in _SAME if meta.get(k) != ours[k]]
+    if differ:
+        raise SystemExit(f"--resume: {args.out} was swept with other {', '.join(differ)}")
+    lost = {(r["engine"], r["shape"]) for r in earlier["rows"] if not r["kept"]}
+    rows = [r for r in earlier["rows"] if (r["engine"], r["shape"]) not in lost]
+    refused = [
+        n for n in earlier["refused_at_admission"] if not any(n.startswith(f"{e} {s} ") for e, s in lost)
+    ]
+    return rows, refused, float(earlier["meta"]["seconds"])
+
+
+def _done(rows: list[dict[str, Any]], refused: list[str], engine: str, shape: str) -> bool:
+    return any(r["engine"] == engine and r["shape"] == shape for r in rows) or any(
+        n.startswith(f"{engine} {shape} ") for n in refused
+    )
+
+
 def sweep(args: argparse.Namespace) -> dict[str, Any]:
     """Every engine and shape as one task, over ``--jobs`` processes; the results file is
-    rewritten every ``--write-every`` tasks, so a long sweep leaves what it has measured."""
+    rewritten every ``--write-every`` tasks, so a long sweep leaves what it has measured, and
+    ``--resume`` plays only the tasks it lacks (and those it holds a failure of)."""
     shapes = _shapes(args)
-    jobs = [(args, engine, shape, tools) for shape, tools in shapes.items() for engine in args.engines]
-    rows: list[dict[str, Any]] = []
-    refused: list[str] = []
-    began = time.perf_counter()
+    rows, refused, before = _resumed(args)
+    jobs = [
+        (args, engine, shape, tools)
+        for shape, tools in shapes.items()
+        for engine in args.engines
+        if not _done(rows, refused, engine, shape)
+    ]
+    logging.info("%d tasks to play", len(jobs))
+    began = time.perf_counter() - before
     context = multiprocessing.get_context("fork")
     with context.Pool(args.jobs) as pool:
         for done, (more, no) in enumerate(pool.imap_unordered(_task, jobs), start=1):
@@ -253,7 +292,7 @@ def _summary(
         "meta": {
             "tokenizer": args.tokenizer, "engines": args.engines, "sets": args.sets, "stride": args.stride,
             "samplers": args.samplers, "rotate": args.rotate, "shapes": args.shapes, "jobs": args.jobs,
-            "thinking_budget": THINKING, "seconds": round(seconds, 1),
+            "thinking_budget": THINKING, "seed": args.seed, "seconds": round(seconds, 1),
             "command": " ".join(sys.argv),
         },
         "total": _rate(rows),
@@ -290,6 +329,7 @@ def _chart(result: dict[str, Any], path: Path) -> None:
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)  # written after every task: an open figure each time piled up
 
 
 def _write(args: argparse.Namespace, result: dict[str, Any]) -> None:
@@ -318,6 +358,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--write-every", type=int, default=4, help="tasks between writes of the results")
     parser.add_argument("--out", type=Path, default=RESULTS / "worstcase.json")
+    parser.add_argument(
+        "--resume", action="store_true", help="keep --out's done tasks without failures; play the rest"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("hermes_vllm").setLevel(logging.CRITICAL)

@@ -166,6 +166,55 @@ def read_tail(text: str, dialect: Dialect) -> Tail:
     return Tail(None, None, calls, False)
 
 
+class TextFollower:
+    """A row's text (latin-1, one char a byte) since its last clean point and where it stands:
+    the one follower of a generated turn that the processor's gate and the turn's budget read.
+
+    Only a token that can change the tail is read again: inside a span one holding its closing
+    tag's first byte, at a clean point one holding a tag's first byte (the rest is appended, or
+    at a clean point dropped). Its fields are rebound, never mutated in place, so a shallow copy
+    is a snapshot (the hosted path restores rows from copies).
+    """
+
+    def __init__(self, dialect: Dialect, reach: int = 0) -> None:
+        self.dialect = dialect
+        self.text = ""
+        """Text since the last clean point."""
+        self.tail: Tail = read_tail("", dialect)
+        self.calls = 0
+        """Calls begun before the last clean point."""
+        self.reach = reach
+        self.recent = ""
+        """The last ``reach`` characters written, clean points or not: where a stop string may
+        have begun."""
+        self._marks = "".join({p.begin[0] for p in (dialect.tool_call, *dialect.free_spans)})
+
+    @property
+    def calls_begun(self) -> int:
+        return self.calls + self.tail.calls + (self.tail.begun == "call")
+
+    def feed(self, piece: str) -> bool:
+        """Follow one token (its bytes as latin-1); whether the tail was read again."""
+        if self.reach:
+            self.recent = (self.recent + piece)[-self.reach :]
+        tail = self.tail
+        span = tail.open
+        if span is not None and not tail.end_begun:
+            assert span.tags is not None
+            if span.tags.end[0] not in piece:  # only the closing tag changes where a span stands
+                self.text += piece
+                return False
+        elif tail.clean and not any(c in piece for c in self._marks):
+            return False
+        self.text += piece
+        new = read_tail(self.text, self.dialect)
+        if new.clean:
+            self.calls += new.calls
+            self.text = ""
+        self.tail = new
+        return True
+
+
 def open_at_end(prompt: str, dialect: Dialect) -> Span | None:
     """The reasoning or hidden span ``prompt`` leaves open, whose body the model writes next.
 

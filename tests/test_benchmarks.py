@@ -165,6 +165,28 @@ def test_worstcase_sweep_runs(tmp_path: Path) -> None:
     assert result["total"]["runs"] == 6 and (tmp_path / "worstcase.png").exists()
 
 
+def test_worstcase_resume_plays_only_missing_or_failed_tasks(tmp_path: Path) -> None:
+    """``--resume`` keeps a done task's rows, plays a task the file lacks, and plays again a task
+    it holds a failure of (its old rows replaced)."""
+    out = tmp_path / "worstcase.json"
+    args = ["--sets", "0", "--shapes", "2", "--stride", "64", "--engines", "xgrammar", "--samplers", "random"]
+    run("worstcase.py", *args, out=out)
+    first = json.loads(out.read_text())
+    shapes = list(first["by"]["shape"])
+    assert len(shapes) == 2 and first["total"]["runs"] == 12
+    kept = [r for r in first["rows"] if r["shape"] == shapes[0]]
+    failed = {**kept[0], "kept": False, "text": "played before the fix"}
+    first["rows"] = [failed, *kept[1:]]  # shape 0 holds a failure, shape 1 was never played
+    out.write_text(json.dumps(first))
+    run("worstcase.py", *args, "--resume", out=out)
+    second = json.loads(out.read_text())
+    assert second["total"] == {"kept": 12, "runs": 12, "rate": 1.0}
+    assert sorted({r["shape"] for r in second["rows"]}) == sorted(shapes)
+    assert not any(r["text"] == "played before the fix" for r in second["rows"])
+    with pytest.raises(subprocess.CalledProcessError):  # other plays than the file's
+        run("worstcase.py", *args[:-1], "late", "--resume", out=out)
+
+
 @pytest.mark.server
 def test_quality_runs(tmp_path: Path) -> None:
     """Two held-out items through our server's three modes, and the bracket dialect's server with

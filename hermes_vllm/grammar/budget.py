@@ -33,7 +33,7 @@ from hermes_vllm.grammar.compiler import utf8_need
 from hermes_vllm.grammar.completion import CallCompleter
 from hermes_vllm.grammar.engines.base import Vocabulary
 from hermes_vllm.memo import TextKeyed
-from hermes_vllm.spans import Tail, partial_tag_suffix, read_tail
+from hermes_vllm.spans import Tail, TextFollower, partial_tag_suffix
 
 MARK = " [closed by max_tokens]"
 """Content written right after a call that the budget closed (its arguments may be truncated)."""
@@ -144,12 +144,18 @@ class Plan:
 NOTHING = Plan()
 
 
+def _bans(*, call: bool, spans: bool) -> Plan:
+    """The plan banning a call's and/or a span's beginning; :data:`NOTHING` where neither."""
+    return Plan(ban_call=call, ban_spans=spans) if call or spans else NOTHING
+
+
 class TurnBudget:
     """One request's budgets, following its text token by token."""
 
     def __init__(
         self,
         dialect: Dialect,
+        follower: TextFollower,
         completer: CallCompleter,
         speller: Speller,
         *,
@@ -160,7 +166,6 @@ class TurnBudget:
         margin: int,
         reserve: int,
         lookahead: int = 0,
-        stop_reach: int = 0,
     ) -> None:
         self.dialect = dialect
         self.completer = completer
@@ -177,15 +182,8 @@ class TurnBudget:
         """The most one token can add to a begun call's shortest completion (in tokens, over the
         turn's tools): a call is steered once what is left is within this of its need plus the
         margin, so that no token the mask allows can leave it unable to finish."""
-        self.stop_reach = stop_reach
-        self.recent = ""
-        """The last ``stop_reach`` characters written, clean points or not: where a stop string
-        may have begun."""
-        self.text = ""
-        """Text since the last clean point (latin-1)."""
-        self.tail: Tail = read_tail("", dialect)
-        self.calls = 0
-        """Calls begun before the last clean point."""
+        self.follower = follower
+        """The row's text since its last clean point (shared with the processor's gate)."""
         self.span_tokens = 0
         """Tokens in the open reasoning/hidden span after its opening tag."""
         self.reasoning_spent = 0
@@ -195,7 +193,6 @@ class TurnBudget:
         self._need = self.reserve
         self._utf8 = 0
         """Continuation bytes the text's last character still needs."""
-        self._marks = "".join({p.begin[0] for p in (dialect.tool_call, *dialect.free_spans)})
         call = as_latin1(dialect.tool_call.begin)
         tags = tuple(as_latin1(p.begin) for p in dialect.free_spans)
         self.span_openings = tuple(
@@ -226,8 +223,16 @@ class TurnBudget:
         return max(0, self.reasoning_budget - self.reasoning_spent - self.span_tokens)
 
     @property
+    def tail(self) -> Tail:
+        return self.follower.tail
+
+    @property
+    def text(self) -> str:
+        return self.follower.text
+
+    @property
     def calls_begun(self) -> int:
-        return self.calls + self.tail.calls + (self.tail.begun == "call")
+        return self.follower.calls_begun
 
     def in_quiet_span(self) -> bool:
         """Inside a reasoning/hidden span before any call, no closing tag begun, at a character
@@ -250,25 +255,16 @@ class TurnBudget:
         return (tail.open is not None and tail.open.kind == "call") or tail.begun == "call"
 
     def feed(self, piece: str) -> None:
-        """Follow one sampled token (its bytes as latin-1)."""
+        """Follow one sampled token (its bytes as latin-1): the text, then the spans' counts."""
         if self.forcing:
             self.forcing = self.forcing[len(piece) :] if self.forcing.startswith(piece) else ""
-        if self.stop_reach:
-            self.recent = (self.recent + piece)[-self.stop_reach :]
         if self._utf8 or not piece.isascii():
             self._utf8 = utf8_need(self._utf8, piece)
-        tail = self.tail
-        span = tail.open
-        if span is not None and not tail.end_begun:
-            assert span.tags is not None
-            if span.tags.end[0] not in piece:  # only the closing tag changes where a span stands
-                self.text += piece
-                self.span_tokens += span.kind != "call"
-                return
-        elif tail.clean and not any(c in piece for c in self._marks):
+        span = self.tail.open
+        if not self.follower.feed(piece):
+            self.span_tokens += span is not None and span.kind != "call"
             return
-        self.text += piece
-        new = read_tail(self.text, self.dialect)
+        new = self.tail
         was_free = span is not None and span.kind != "call"
         now = new.open if new.open is not None and new.open.kind != "call" else None
         same = now is not None and span is not None and span.kind == now.kind and span.start == now.start
@@ -277,52 +273,77 @@ class TurnBudget:
             self.span_tokens = 0
         if now is not None:
             self.span_tokens = self.span_tokens + 1 if same else 0
-        if new.clean:
-            self.calls += new.calls
-            self.text = ""
-        self.tail = new
 
     def plan(self, consumed: int) -> Plan:
-        """What the next token must do, ``consumed`` tokens having been written."""
-        left = self.max_tokens - consumed
+        """What the next token must do, ``consumed`` tokens having been written.
+
+        The invariant: whatever token the mask then allows,
+
+        - the turn's reasoning/hidden spans stay within ``reasoning_budget`` (and none opens
+          once it is spent);
+        - under ``required`` / named, before the first call, the owed call (after the closing tag
+          of any open span) still fits in the tokens left, counted in this vocabulary's tokens,
+          with the margin;
+        - a begun call, where the budget closes cut calls, can still be finished and marked;
+        - no call begins that could not be finished.
+
+        The first case that holds decides: forced text is written to its end; then where the
+        text stands (inside a call or its tag, inside a reasoning/hidden span, in free text).
+        ``NOTHING`` (the object itself) where the budget demands nothing.
+        """
         if self.forcing:
             return Plan(self.forcing)
-        tail = self.tail
-        owed = self.required and self.calls_begun == 0
+        left = self.max_tokens - consumed
         if self.in_call():
-            plan = self._steer(left) if self.close and left <= self.alert else NOTHING
+            return self._plan_call(left)
+        if self.tail.open is not None:
+            return self._plan_span(left)
+        return self._plan_free(left)
+
+    def _plan_call(self, left: int) -> Plan:
+        """Inside a call or its opening tag: steer it to its shortest completion once one more
+        token could leave it unable to finish (the alert window); else refuse what cannot fit."""
+        if self.close and left <= self.alert:
+            plan = self._steer(left)
             if plan.force:
                 return plan
+        return _bans(
             # One token can close this call and begin the next (``>?[<`` after ``</tool_call``):
-            # where a new call would not fit, refuse it here as after a call (the worst-case sweep
-            # cut such a second call one step before its closing tag).
-            ban_call = self.close and left <= self.reserve
+            # where a new call would not fit, it is refused here as after a call (the worst-case
+            # sweep cut such a second call one step before its closing tag).
+            call=self.close and left <= self.reserve,
             # A call tag's first characters may yet spell a span's.
-            ban_spans = tail.open is None and self.reasoning_left() == 0
-            return Plan(ban_call=ban_call, ban_spans=ban_spans) if ban_call or ban_spans else NOTHING
-        span = tail.open
-        if span is not None:  # a reasoning or hidden span
-            assert span.tags is not None
-            end = span.tags.end
-            rest = end[partial_tag_suffix(self.text, (end,)) :] if tail.end_begun else end
-            ahead = self.reasoning_left()
-            if (ahead is not None and ahead <= 0) or (
-                owed and left <= self.reserve + (self.speller.count(rest) or len(rest))
-            ):
-                # Inside a split character the tag would follow invalid UTF-8: finish it first.
-                return self._start(("" if tail.end_begun else _finish_character(self.text)) + rest)
-            if ahead is not None and ahead <= _SPLIT_WINDOW and not tail.end_begun:
-                if self._utf8:
-                    return self._start(_finish_character(self.text))
-                return Plan(whole_characters=True)
-            return NOTHING
-        ban_spans = self.reasoning_left() == 0
-        if owed:
+            spans=self.tail.open is None and self.reasoning_left() == 0,
+        )
+
+    def _plan_span(self, left: int) -> Plan:
+        """Inside a reasoning/hidden span: close it once the turn's reasoning is spent, or once
+        only its closing tag and the owed call still fit; near the end of the reasoning budget,
+        leave no character split (the closing tag, ours or vLLM's, must follow whole ones)."""
+        tail = self.tail
+        assert tail.open is not None and tail.open.tags is not None
+        end = tail.open.tags.end
+        rest = end[partial_tag_suffix(self.text, (end,)) :] if tail.end_begun else end
+        ahead = self.reasoning_left()
+        spent = ahead is not None and ahead <= 0
+        owed = self.required and self.calls_begun == 0
+        if spent or (owed and left <= self.reserve + (self.speller.count(rest) or len(rest))):
+            # Inside a split character the tag would follow invalid UTF-8: finish it first.
+            return self._start(("" if tail.end_begun else _finish_character(self.text)) + rest)
+        if ahead is not None and ahead <= _SPLIT_WINDOW and not tail.end_begun:
+            return self._start(_finish_character(self.text)) if self._utf8 else Plan(whole_characters=True)
+        return NOTHING
+
+    def _plan_free(self, left: int) -> Plan:
+        """In free text (a span's opening tag perhaps begun): open the owed call once only it
+        still fits; where no call is owed, refuse one that would not fit."""
+        tail = self.tail
+        spans = self.reasoning_left() == 0
+        if self.required and self.calls_begun == 0:
             if left <= self.reserve + self.margin and tail.begun is None:
                 return self._start(as_latin1(self.dialect.tool_call.begin))
-            return Plan(ban_spans=True) if ban_spans else NOTHING
-        ban_call = left <= self.reserve and tail.begun is None
-        return Plan(ban_call=ban_call, ban_spans=ban_spans) if ban_call or ban_spans else NOTHING
+            return _bans(call=False, spans=spans)
+        return _bans(call=left <= self.reserve and tail.begun is None, spans=spans)
 
     def _start(self, text: str) -> Plan:
         self.forcing = text

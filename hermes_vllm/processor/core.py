@@ -59,7 +59,7 @@ from hermes_vllm.grammar.engines import get_engine_class
 from hermes_vllm.grammar.engines.base import EngineGrammar, allocate_bitmask
 from hermes_vllm.memo import memoize_small
 from hermes_vllm.settings import get_limits
-from hermes_vllm.spans import open_at_end, read_tail
+from hermes_vllm.spans import TextFollower, open_at_end
 
 logger = logging.getLogger(__name__)
 
@@ -159,14 +159,16 @@ class RowState:
     stop_ids: tuple[int, ...]
     gated: bool
     """Whether the row may leave the engine off outside calls (``auto`` mode)."""
+    follower: TextFollower
+    """The row's text since its last clean point, read by the gate and the budget (which feeds
+    it, where the row has one)."""
     matcher: ToolCallMatcher | None = None
     """The engine's matcher while switched on; ``None`` while the gate alone watches the row."""
     consumed: int = 0
     """Output tokens already seen."""
     pending: list[int] = field(default_factory=list)
-    """Tokens since the last clean point: replayed into a fresh matcher when the engine switches on."""
-    text: str = ""
-    """Those tokens' bytes (latin-1, one char a byte: tags are ASCII)."""
+    """Tokens since the last clean point: replayed into a fresh matcher when the engine switches on
+    (an engine-only row's: the prompt's open span, fed first)."""
     watch: bytes = b""
     """While gated: only tokens holding one of these bytes can change anything (empty: check all)."""
     failed: str | None = None
@@ -290,10 +292,8 @@ class ConstraintCore:
             logger.warning("hermes-vllm: the prompt's open span starts inside a token; starting in free text")
             return
         state.pending = tail[first:]  # replayed (gated) or fed first (engine-only) into the matcher
-        state.text = "".join(pieces[first:])
-        if state.budget is not None:
-            for piece in pieces[first:]:
-                state.budget.feed(piece)
+        for piece in pieces[first:]:
+            self._follow(state, piece)
         if state.gated:
             state.quiet = False
             self._regate(state)
@@ -322,7 +322,8 @@ class ConstraintCore:
         prepared = prepare_constraint(request.raw, type(compiler.engine), compiler.limits, admitted=True)
         stops = tuple(dict.fromkeys((*self.compiler.vocab.stop_token_ids, *stop_token_ids)))
         gated = prepared.spec.mode == "auto" and self.compiler.vocab.gate_allowed(prepared.spec.dialect)
-        state = RowState(request, prepared, self.compiler.submit(prepared), stops, gated)
+        follower = TextFollower(prepared.spec.dialect)
+        state = RowState(request, prepared, self.compiler.submit(prepared), stops, gated, follower)
         if max_tokens is not None and prepared.spec.mode != "none":
             self._budget(state, max_tokens, thinking_budget, stop)
         if gated:
@@ -342,7 +343,7 @@ class ConstraintCore:
         required = spec.mode == "required"
         options = state.request.budget
         budget = TurnBudget(
-            spec.dialect, completer_of(state.request, self.engine), self.speller,
+            spec.dialect, state.follower, completer_of(state.request, self.engine), self.speller,
             max_tokens=max_tokens, reasoning_budget=options.turn_budget(thinking), required=required,
             close=options.closes(required), margin=get_limits().budget_margin,
             reserve=turn_reserve(state.request, self.engine, self.speller),
@@ -358,7 +359,7 @@ class ConstraintCore:
         )
         if thinking is not None:
             state.refused_in_calls = tuple(as_latin1(p.begin) for p in spec.dialect.reasoning)
-        budget.stop_reach = max(map(len, state.refused_stops + state.refused_in_calls), default=0)
+        state.follower.reach = max(map(len, state.refused_stops + state.refused_in_calls), default=0)
 
     @staticmethod
     def _begin_bytes(dialect: Dialect) -> bytes:
@@ -372,17 +373,27 @@ class ConstraintCore:
         there (the rest of a closing completion, its mark) is forced again after resumption.
         """
         budget = state.budget
-        if budget is not None and new_tokens and state.failed is None:
+        if (budget is not None or state.gated) and new_tokens and state.failed is None:
             latin1 = self.compiler.vocab.latin1
             for i, token in enumerate(new_tokens):
-                if state.consumed + i != state.planned:
+                if budget is not None and state.consumed + i != state.planned:
                     budget.plan(state.consumed + i)
-                budget.feed(latin1[token] if 0 <= token < len(latin1) else "")
-            state.quiet_until = budget.watch_from
+                self._follow(state, latin1[token] if 0 <= token < len(latin1) else "")
+            if budget is not None:
+                state.quiet_until = budget.watch_from
         self._advance(state, new_tokens)
         state.quiet = (
             state.gated and state.matcher is None and bool(state.watch) and not state.pending
         ) and state.failed is None
+
+    @staticmethod
+    def _follow(state: RowState, piece: str) -> None:
+        """Feed one token's bytes to the row's text follower: through its budget, which counts
+        the spans' tokens on the way, where it has one."""
+        if state.budget is not None:
+            state.budget.feed(piece)
+        else:
+            state.follower.feed(piece)
 
     def _advance(self, state: RowState, new_tokens: Sequence[int]) -> None:
         if not new_tokens:
@@ -400,17 +411,14 @@ class ConstraintCore:
             return
         if state.matcher is not None:
             self._feed_engine(state, new_tokens)
-        latin1 = self.compiler.vocab.latin1
         if state.watch:
             holds = self._watch_array(state.watch)
             if not any(holds[t] for t in new_tokens if 0 <= t < len(holds)):
                 # Nothing a tag could be made of: the row's situation is unchanged.
                 if state.pending or state.matcher is not None:
                     state.pending.extend(new_tokens)
-                    state.text += "".join(latin1[t] for t in new_tokens)
                 return
         state.pending.extend(new_tokens)
-        state.text += "".join(latin1[t] for t in new_tokens if 0 <= t < len(latin1))
         self._regate(state)
 
     def _watch_array(self, watch: bytes) -> np.ndarray:
@@ -419,8 +427,9 @@ class ConstraintCore:
         return self._watched[watch]
 
     def _regate(self, state: RowState) -> None:
-        """Decide from the text since the last clean point whether the engine must run."""
-        tail = read_tail(state.text, state.dialect)
+        """Decide from where the row's text stands whether the engine must run."""
+        follower = state.follower
+        tail = follower.tail
         if tail.open is not None:
             if tail.open.kind == "call":
                 self._switch_on(state)
@@ -433,14 +442,13 @@ class ConstraintCore:
                 self._switch_on(state)
             state.watch = b""
             return
-        if tail.calls and not state.prepared.spec.parallel:
+        if (follower.calls or tail.calls) and not state.prepared.spec.parallel:
             # The one allowed call is made: the engine keeps refusing another to the end.
             state.gated = False
             self._switch_on(state)
             return
         # A clean point: the grammar is in its initial state again.
         state.pending.clear()
-        state.text = ""
         state.matcher = None
         state.watch = self._begin_bytes(state.dialect)
 
@@ -618,7 +626,7 @@ class ConstraintCore:
         if refused:
             bits = words.view(np.uint32)
             before = bits.copy()
-            for token in self._completing(budget.recent, refused):
+            for token in self._completing(state.follower.recent, refused):
                 bits[token >> 5] &= np.uint32(0xFFFFFFFF ^ (1 << (token & 31)))
             if not bits.any():  # the grammar itself spells the refused text here: it must pass
                 bits[:] = before

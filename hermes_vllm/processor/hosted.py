@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from copy import copy
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,7 @@ from vllm.v1.structured_output.backend_types import StructuredOutputGrammar
 from hermes_vllm.grammar import GrammarCompileError
 from hermes_vllm.grammar.budget import TurnBudget
 from hermes_vllm.processor.core import ConstraintCore, RowState
+from hermes_vllm.spans import TextFollower
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
@@ -52,13 +54,15 @@ _MATCHER = RowState.__slots__.index("matcher")
 
 @dataclass(frozen=True, slots=True)
 class _Snapshot:
-    """What restores a row: its fields (``pending`` and the budget's fields copied), its matcher's
-    count of accepted tokens, whether it had ended. Taken before every accepted token, so it
-    copies only what a row mutates, in C calls where it can (a Python loop over the fields was the
-    hosted path's largest cost after the completer's)."""
+    """What restores a row: its fields (``pending``, the text follower's and the budget's fields
+    copied), its matcher's count of accepted tokens, whether it had ended. Taken before every
+    accepted token, so it copies only what a row mutates, in C calls where it can (a Python loop
+    over the fields was the hosted path's largest cost after the completer's)."""
 
     fields: tuple[Any, ...]
     pending: tuple[int, ...]
+    follower: TextFollower
+    """A copy of the row's follower (it rebinds its fields, never mutates them in place)."""
     budget: dict[str, Any] | None
     """The budget's fields (a budget rebinds its fields, never mutates them in place)."""
     accepted: int
@@ -69,7 +73,7 @@ class _Snapshot:
         budget = state.budget
         kept = None if budget is None else vars(budget).copy()
         accepted = state.matcher.accepted if state.matcher is not None else 0
-        return cls(_FIELDS(state), tuple(state.pending), kept, accepted, terminated)
+        return cls(_FIELDS(state), tuple(state.pending), copy(state.follower), kept, accepted, terminated)
 
     @property
     def matcher(self) -> ToolCallMatcher | None:
@@ -79,9 +83,11 @@ class _Snapshot:
         """A fresh row as the snapshot was taken (a snapshot may be restored more than once)."""
         row = RowState(*self.fields)
         row.pending = list(self.pending)
+        row.follower = copy(self.follower)
         if self.budget is not None:
             budget = object.__new__(TurnBudget)
             vars(budget).update(self.budget)
+            budget.follower = row.follower
             row.budget = budget
         return row
 
