@@ -18,7 +18,6 @@ compilers and emptied memos, ours and vLLM's alternating which goes first:
 
 from __future__ import annotations
 
-import copy
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -34,9 +33,8 @@ from hermes_vllm.grammar.compiler import prepare_constraint
 from hermes_vllm.grammar.engines.base import allocate_bitmask
 from hermes_vllm.grammar.engines.xgrammar import XGrammarEngine
 from hermes_vllm.memo import clear_memos
-from hermes_vllm.schema import ToolSchemaError, bfcl_to_json_schema
-from hermes_vllm.testing.corpus import bfcl_files, load_bfcl
-from hermes_vllm.testing.soundness import call_text, ground_truth_arguments
+from hermes_vllm.schema import ToolSchemaError
+from hermes_vllm.testing.soundness import distinct_tools
 
 SIZES = (1, 8, 32, 139, 400)
 TARGETS = {  # issue 19, at 400 tools (checked at the largest size run): 2 cores, 131k vocabulary
@@ -48,31 +46,6 @@ TARGETS = {  # issue 19, at 400 tools (checked at the largest size run): 2 cores
 PREFIX, SUFFIX = "Let me look that up. ", " Done."
 VLLM_CACHE_MB = 512
 """``VLLM_XGRAMMAR_CACHE_MB``'s default."""
-
-
-def distinct_tools(
-    count: int, usable: Callable[[dict[str, Any]], bool]
-) -> tuple[list[dict[str, Any]], dict[str, str]]:
-    """``count`` distinct BFCL functions (by name, across files) that ``usable`` accepts, as OpenAI
-    tools in standard JSON Schema, and the text of a ground-truth call of those that have one."""
-    tools: dict[str, dict[str, Any]] = {}
-    calls: dict[str, str] = {}
-    for path in bfcl_files():
-        for case in load_bfcl(path):
-            for fn in case.tools:
-                if fn["name"] in tools or len(tools) >= count:
-                    continue
-                params = bfcl_to_json_schema(copy.deepcopy(fn.get("parameters", {})))
-                tool = {"type": "function", "function": {**fn, "parameters": params}}
-                if not usable(tool):
-                    continue
-                tools[fn["name"]] = tool
-                answers = [a[fn["name"]] for a in case.ground_truth or [] if fn["name"] in a]
-                if answers:
-                    calls[fn["name"]] = call_text(
-                        fn["name"], ground_truth_arguments(answers[0]), compact=False
-                    )
-    return list(tools.values()), calls
 
 
 class Ours:
