@@ -20,7 +20,9 @@ from hermes_vllm.grammar.cache import GrammarCache
 from hermes_vllm.grammar.engines.base import EngineMatcher, allocate_bitmask
 from hermes_vllm.grammar.engines.composed import ComposedGrammar
 from hermes_vllm.grammar.engines.xgrammar import XGrammarGrammar
+from hermes_vllm.processor.core import ConstraintCore
 from hermes_vllm.settings import get_limits
+from hermes_vllm.testing.adversary import Scenario, run
 from hermes_vllm.testing.soundness import distinct_tools
 
 TOOLS = get_limits().compose_min_tools
@@ -152,3 +154,19 @@ def test_composed_masks_equal_the_monolithic_ones_on_random_walks(
             assert _accept(ours, theirs, token, where)
             if theirs.is_terminated():
                 break
+
+
+@pytest.mark.parametrize("sampler", ["random", "longest", "late"])
+def test_required_replies_over_many_tools_hold_their_call_through_the_processor(
+    tokenizer: Any, bfcl: tuple[list[dict[str, Any]], dict[str, str]], sampler: str
+) -> None:
+    """End to end through the processor core (budgets and the completer ask the composed matcher
+    for masks only): a worst-case model over 64 BFCL tools still gets its owed call, valid."""
+    tools = bfcl[0]
+    core = ConstraintCore(lambda: tokenizer, len(tokenizer), engine="xgrammar")
+    assert isinstance(
+        core.compiler.engine.compile(core.compiler.prepare(tools, "required").spec), ComposedGrammar
+    )
+    for max_tokens in (120, 400):
+        outcome = run(core, tokenizer, Scenario(tools, "required", max_tokens), sampler, seed=max_tokens)
+        assert outcome.kept(None) and outcome.calls >= 1, outcome
