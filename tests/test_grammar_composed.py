@@ -156,14 +156,18 @@ def test_composed_masks_equal_the_monolithic_ones_on_random_walks(
                 break
 
 
-@pytest.mark.parametrize("sampler", ["random", "longest", "late"])
+@pytest.mark.parametrize(
+    ("sampler", "engine"),
+    [("random", "xgrammar"), ("longest", "xgrammar"), ("late", "xgrammar"), ("random", "auto")],
+)
 def test_required_replies_over_many_tools_hold_their_call_through_the_processor(
-    tokenizer: Any, bfcl: tuple[list[dict[str, Any]], dict[str, str]], sampler: str
+    tokenizer: Any, bfcl: tuple[list[dict[str, Any]], dict[str, str]], sampler: str, engine: str
 ) -> None:
     """End to end through the processor core (budgets and the completer ask the composed matcher
-    for masks only): a worst-case model over 64 BFCL tools still gets its owed call, valid."""
+    for masks only): a worst-case model over 64 BFCL tools still gets its owed call, valid; under
+    ``auto``, composed rows are filled in xgrammar's batch."""
     tools = bfcl[0]
-    core = ConstraintCore(lambda: tokenizer, len(tokenizer), engine="xgrammar")
+    core = ConstraintCore(lambda: tokenizer, len(tokenizer), engine=engine)
     assert isinstance(
         core.compiler.engine.compile(core.compiler.prepare(tools, "required").spec), ComposedGrammar
     )
