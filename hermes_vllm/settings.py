@@ -43,6 +43,10 @@ class Limits:
     """Whitespace characters allowed in each gap between two JSON tokens inside a call (and around
     the call's JSON). One covers compact and ``json.dumps`` style; xgrammar's masks inside calls
     cost about 4x more with 4 (benchmarks/results/compile-whitespace4.json)."""
+    compose_min_tools: int = 64
+    """Tool count from which the xgrammar engine composes a turn (a shared head grammar, the
+    names checked outside xgrammar, each tool's grammar compiled when called) rather than
+    compiling one grammar of every tool; 0 never composes (``grammar/engines/composed.py``)."""
     call_key_order: str = "declared"
     """Order of a call's top-level arguments: ``declared`` (the schema's ``properties`` order, what
     every engine writes) or ``any`` (every order, each a branch of an ``anyOf``, for closed tools

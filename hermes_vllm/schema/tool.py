@@ -195,6 +195,26 @@ def normalize_tools(
     return specs
 
 
+@memoize_small(lambda text, limits, check_metaschema: len(text))
+def _normalized(text: str, limits: Limits, check_metaschema: bool) -> ToolSpec:
+    """:func:`normalize_tool` of one tool's JSON text, memoised: agents resend their tools, and a
+    set one tool away from a known one then normalises its new tool only (400 BFCL tools took
+    ~0.4 s quiet, 0.9 s under load, most of a one-tool change once the grammar is composed)."""
+    return normalize_tool(json.loads(text), 0, limits, check_metaschema=check_metaschema)
+
+
+def _normalize_memoised(raw: JSON, index: int, limits: Limits, check_metaschema: bool) -> ToolSpec:
+    """:func:`_normalized` where ``raw`` is JSON; an error is raised again by :func:`normalize_tool`
+    itself, so its message names the tool's index."""
+    try:
+        text = json.dumps(raw, ensure_ascii=False, separators=(",", ":"))
+        return _normalized(text, limits, check_metaschema)
+    except UnsatisfiableToolError:
+        raise  # names the tool and the path, never the index
+    except (ToolSchemaError, TypeError, ValueError):
+        return normalize_tool(raw, index, limits, check_metaschema=check_metaschema)
+
+
 def read_tools(
     tools: Sequence[JSON] | None, limits: Limits | None = None, *, check_metaschema: bool = True
 ) -> tuple[tuple[ToolSpec, ...], tuple[UnsatisfiableToolError, ...]]:
@@ -226,7 +246,7 @@ def read_tools(
     unusable: list[UnsatisfiableToolError] = []
     for i, raw in enumerate(tools):
         try:
-            specs.append(normalize_tool(raw, i, limits, check_metaschema=check_metaschema))
+            specs.append(_normalize_memoised(raw, i, limits, check_metaschema))
         except UnsatisfiableToolError as err:
             unusable.append(err)
     seen: set[str | None] = set()

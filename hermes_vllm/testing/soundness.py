@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -37,7 +37,7 @@ from hermes_vllm.schema import (
     resolve_ref,
     value_key,
 )
-from hermes_vllm.testing.corpus import BfclCase, load_bfcl, load_suite_file
+from hermes_vllm.testing.corpus import BfclCase, bfcl_files, load_bfcl, load_suite_file
 
 JSON = Any
 Status = Literal["compiled", "refused", "crashed"]
@@ -490,3 +490,28 @@ def check_bfcl_file(compiler: ToolGrammarCompiler, path: Path) -> BfclFileReport
     for case in load_bfcl(path):
         check_bfcl_case(compiler, case, report)
     return report
+
+
+def distinct_tools(
+    count: int, usable: Callable[[dict[str, Any]], bool]
+) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """``count`` distinct BFCL functions (by name, across files) that ``usable`` accepts, as OpenAI
+    tools in standard JSON Schema, and the text of a ground-truth call of those that have one."""
+    tools: dict[str, dict[str, Any]] = {}
+    calls: dict[str, str] = {}
+    for path in bfcl_files():
+        for case in load_bfcl(path):
+            for fn in case.tools:
+                if fn["name"] in tools or len(tools) >= count:
+                    continue
+                params = bfcl_to_json_schema(copy.deepcopy(fn.get("parameters", {})))
+                tool = {"type": "function", "function": {**fn, "parameters": params}}
+                if not usable(tool):
+                    continue
+                tools[fn["name"]] = tool
+                answers = [a[fn["name"]] for a in case.ground_truth or [] if fn["name"] in a]
+                if answers:
+                    calls[fn["name"]] = call_text(
+                        fn["name"], ground_truth_arguments(answers[0]), compact=False
+                    )
+    return list(tools.values()), calls

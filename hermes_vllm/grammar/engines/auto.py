@@ -22,6 +22,7 @@ from functools import cached_property
 import torch
 
 from hermes_vllm.grammar.engines.base import EngineGrammar, EngineMatcher, GrammarEngine, Vocabulary
+from hermes_vllm.grammar.engines.composed import ComposedMatcher
 from hermes_vllm.grammar.engines.llguidance import LLGUIDANCE_KEYWORDS, LLGuidanceEngine
 from hermes_vllm.grammar.engines.xgrammar import XGRAMMAR_KEYWORDS, XGrammarEngine, XGrammarMatcher
 from hermes_vllm.grammar.turn import TurnSpec
@@ -63,9 +64,15 @@ class AutoEngine(GrammarEngine):
     def fill_bitmasks(
         self, matchers: Sequence[EngineMatcher], bitmask: torch.Tensor, rows: Sequence[int]
     ) -> None:
-        fast = [(m, r) for m, r in zip(matchers, rows, strict=True) if isinstance(m, XGrammarMatcher)]
+        # xgrammar's rows in one batch: plain ones, and composed ones whose mask is an xgrammar
+        # matcher's as it is (``ComposedMatcher.inner``); the others one by one.
+        batched = [
+            isinstance(m, XGrammarMatcher) or (isinstance(m, ComposedMatcher) and m.inner is not None)
+            for m in matchers
+        ]
+        fast = [(m, r) for m, r, b in zip(matchers, rows, batched, strict=True) if b]
         if fast:
             self.xgrammar.fill_bitmasks([m for m, _ in fast], bitmask, [r for _, r in fast])
-        for matcher, row in zip(matchers, rows, strict=True):
-            if not isinstance(matcher, XGrammarMatcher):
+        for matcher, row, b in zip(matchers, rows, batched, strict=True):
+            if not b:
                 matcher.fill_bitmask(bitmask, row)

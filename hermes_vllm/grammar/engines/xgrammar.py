@@ -18,14 +18,17 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 import xgrammar as xgr
 
+from hermes_vllm.grammar.cache import GrammarCache
 from hermes_vllm.grammar.engines.base import EngineGrammar, EngineMatcher, GrammarEngine, Vocabulary
+from hermes_vllm.grammar.engines.composed import PLACEHOLDER, ComposedGrammar, batch_inner, composable
 from hermes_vllm.grammar.engines.ebnf import (
     Rule,
     fold_gaps,
@@ -38,7 +41,7 @@ from hermes_vllm.grammar.engines.ebnf import (
 from hermes_vllm.grammar.pattern import literal_characters
 from hermes_vllm.grammar.turn import LEAD_WHITESPACE, TurnSpec
 from hermes_vllm.memo import memoize_small
-from hermes_vllm.schema import canonical_value, iter_subschemas
+from hermes_vllm.schema import canonical_json, canonical_value, iter_subschemas
 from hermes_vllm.schema.spec import pointer
 from hermes_vllm.settings import get_limits
 
@@ -146,12 +149,22 @@ def _call_rules(turn: TurnSpec, gap: str) -> list[Rule]:
     ]
 
 
-def turn_ebnf(turn: TurnSpec) -> str:
-    """The whole turn as xgrammar EBNF (see the module docstring for the shape), gaps not yet folded."""
+def turn_ebnf(
+    turn: TurnSpec, call: Sequence[Rule] | None = None, after_call: Callable[[str], str] | None = None
+) -> str:
+    """The whole turn as xgrammar EBNF (see the module docstring for the shape), gaps not yet folded.
+
+    ``call`` replaces the rules of ``turn_call`` (the composed matcher's head grammar writes one
+    placeholder call); with ``after_call`` (an EBNF sequence, given the call's whitespace gap),
+    the grammar is that sequence then what may follow a call in this turn: the rest of a call
+    from its arguments on, for the composed matcher's per-tool grammars.
+    """
     d = turn.dialect
     gap, lead = f"turn_ws{{0, {turn.max_whitespace}}}", f"turn_ws{{0, {LEAD_WHITESPACE}}}"
     rules: list[Rule] = [("turn_ws", "(([ \\t\\n\\r]))")]
-    if turn.mode != "none":
+    if call is not None:
+        rules += call
+    elif turn.mode != "none":
         rules += _call_rules(turn, gap)
 
     # Free text is text holding no tag's begin, then tags each followed by such text. Spelled
@@ -176,7 +189,9 @@ def turn_ebnf(turn: TurnSpec) -> str:
             rules.append((f"{name}_star", _choice(["", f"{name}_tag turn_text {name}_star"])))
         return f"turn_text {name}_star"
 
-    if turn.mode == "none":
+    if after_call is not None:
+        body = f"{after_call(gap)} {free_text(turn.parallel)}"
+    elif turn.mode == "none":
         body = free_text(False)
     elif turn.mode == "auto" and turn.parallel:
         body = free_text(True)
@@ -270,6 +285,28 @@ def _refuse_raw_patterns(turn: TurnSpec) -> None:
                 )
 
 
+def _placeholder_call(turn: TurnSpec) -> list[Rule]:
+    """``turn_call`` as one literal call: what the composed matcher's grammars are told of a call
+    (its name and arguments are checked by the head automaton and the tool's grammar)."""
+    d = turn.dialect
+    return [("turn_call", f"(({_literal(d.tool_call.begin + PLACEHOLDER + d.tool_call.end)}))")]
+
+
+def head_ebnf(turn: TurnSpec) -> str:
+    """The composed matcher's head grammar: the turn with each call the placeholder."""
+    return turn_ebnf(turn, call=_placeholder_call(turn))
+
+
+def tool_ebnf(turn: TurnSpec) -> str:
+    """The composed matcher's grammar of ``turn``'s one tool: the call from its arguments on
+    (after the arguments' colon), then what may follow a call, later calls the placeholder."""
+    basics: dict[str, str] = {}
+    rules = _arguments_rules(0, turn.tools[0].parameters, turn.max_whitespace, basics)
+    call = [*rules, *basics.items(), *_placeholder_call(turn)]
+    end = _literal(turn.dialect.tool_call.end)
+    return turn_ebnf(turn, call=call, after_call=lambda gap: f'{gap} t0_root {gap} "}}" {gap} {end}')
+
+
 class XGrammarEngine(GrammarEngine):
     name = "xgrammar"
     supported_keywords = XGRAMMAR_KEYWORDS
@@ -287,6 +324,14 @@ class XGrammarEngine(GrammarEngine):
             cache_limit_bytes=max(1, limits.xgrammar_cache_bytes // XGRAMMAR_CACHE_UNDERCOUNT),
         )
         self._batch = xgr.BatchGrammarMatcher(max_threads=max(2, (os.cpu_count() or 2) // 2))
+        self._heads: dict[tuple[str, str, bool, int], xgr.CompiledGrammar] = {}
+        """The composed matcher's head grammars: a few per dialect, shared by every tool set."""
+        self._tools: GrammarCache[xgr.CompiledGrammar] = GrammarCache(
+            limits.cache_bytes,
+            limits.compile_threads,
+            lambda g: int(g.memory_size_bytes * RESIDENT_PER_COUNTED_BYTE),
+        )
+        """The composed matcher's per-tool grammars, by the tool's schema (not its name)."""
 
     @classmethod
     def check(cls, turn: TurnSpec) -> None:
@@ -294,19 +339,45 @@ class XGrammarEngine(GrammarEngine):
         with _readable_errors():
             xgr.Grammar.from_ebnf(turn_ebnf(turn))
 
-    def compile(self, turn: TurnSpec) -> XGrammarGrammar:
+    def compile(self, turn: TurnSpec) -> XGrammarGrammar | ComposedGrammar:
         _refuse_raw_patterns(turn)
+        if composable(turn, self.vocab, get_limits().compose_min_tools):
+            return self._composed(turn)
+        return XGrammarGrammar(self._compile_ebnf(turn_ebnf(turn)))
+
+    def _compile_ebnf(self, ebnf: str) -> xgr.CompiledGrammar:
         with _readable_errors():
-            grammar = xgr.Grammar.from_ebnf(
-                merge_equal_rules(fold_gaps(turn_ebnf(turn), _is_basic), _is_basic)
-            )
-            return XGrammarGrammar(self._compiler.compile_grammar(grammar))
+            grammar = xgr.Grammar.from_ebnf(merge_equal_rules(fold_gaps(ebnf, _is_basic), _is_basic))
+            return self._compiler.compile_grammar(grammar)
+
+    def _composed(self, turn: TurnSpec) -> ComposedGrammar:
+        """Many tools: the shared head grammar now, each tool's grammar when its name is written."""
+        with _readable_errors():  # a tool xgrammar refuses is refused now, as a whole grammar's compile does
+            for spec in turn.tools:
+                _schema_rules(
+                    json.dumps(canonical_value(spec.parameters), ensure_ascii=False), turn.max_whitespace
+                )
+        head_key = (turn.dialect.name, turn.mode, turn.parallel, turn.max_whitespace)
+        if head_key not in self._heads:
+            self._heads[head_key] = self._compile_ebnf(head_ebnf(turn))
+        keys: dict[int, tuple[str, str, bool, int]] = {}
+
+        def tool(index: int) -> Future[xgr.CompiledGrammar]:
+            one = TurnSpec(turn.dialect, (turn.tools[index],), "auto", turn.parallel, turn.max_whitespace)
+            if index not in keys:
+                schema = canonical_json(one.tools[0].parameters)
+                keys[index] = (schema, turn.dialect.name, turn.parallel, turn.max_whitespace)
+            return self._tools.get(keys[index], lambda: self._compile_ebnf(tool_ebnf(one)))
+
+        return ComposedGrammar(
+            turn, self.vocab, self._heads[head_key], tool, lambda: self._compile_ebnf(turn_ebnf(turn))
+        )
 
     def fill_bitmasks(
         self, matchers: Sequence[EngineMatcher], bitmask: torch.Tensor, rows: Sequence[int]
     ) -> None:
-        inner = [m.inner for m in matchers if isinstance(m, XGrammarMatcher)]
-        if len(inner) != len(matchers):
+        inner = batch_inner(matchers)
+        if inner is None:
             super().fill_bitmasks(matchers, bitmask, rows)
             return
         self._batch.batch_fill_next_token_bitmask(inner, bitmask, list(rows))
