@@ -174,3 +174,21 @@ def test_required_replies_over_many_tools_hold_their_call_through_the_processor(
     for max_tokens in (120, 400):
         outcome = run(core, tokenizer, Scenario(tools, "required", max_tokens), sampler, seed=max_tokens)
         assert outcome.kept(None) and outcome.calls >= 1, outcome
+
+
+def test_the_engine_sorts_its_vocabulary_ahead_of_a_first_many_tool_request(tiny_model_131k: Path) -> None:
+    """The sorted vocabulary (about 0.5 s on 131k tokens) is built in the background when the
+    engine starts, not inside the first composed compile a request waits for."""
+    import threading
+
+    from hermes_vllm.grammar.engines import composed
+    from hermes_vllm.grammar.engines.base import Vocabulary
+    from hermes_vllm.grammar.engines.xgrammar import XGrammarEngine
+
+    vocab = Vocabulary.from_tokenizer(_tokenizer(tiny_model_131k))
+    composed._SORTED.pop(vocab.fingerprint, None)
+    XGrammarEngine(vocab)
+    for thread in threading.enumerate():
+        if thread.name == "hermes-vllm-sort-vocab":
+            thread.join()
+    assert vocab.fingerprint in composed._SORTED

@@ -28,7 +28,13 @@ import xgrammar as xgr
 
 from hermes_vllm.grammar.cache import GrammarCache
 from hermes_vllm.grammar.engines.base import EngineGrammar, EngineMatcher, GrammarEngine, Vocabulary
-from hermes_vllm.grammar.engines.composed import PLACEHOLDER, ComposedGrammar, batch_inner, composable
+from hermes_vllm.grammar.engines.composed import (
+    PLACEHOLDER,
+    ComposedGrammar,
+    batch_inner,
+    composable,
+    sort_ahead,
+)
 from hermes_vllm.grammar.engines.ebnf import (
     Rule,
     fold_gaps,
@@ -332,6 +338,8 @@ class XGrammarEngine(GrammarEngine):
             lambda g: int(g.memory_size_bytes * RESIDENT_PER_COUNTED_BYTE),
         )
         """The composed matcher's per-tool grammars, by the tool's schema (not its name)."""
+        if limits.compose_min_tools > 0:
+            sort_ahead(vocab)
 
     @classmethod
     def check(cls, turn: TurnSpec) -> None:
