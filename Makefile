@@ -10,8 +10,10 @@ PYTEST_ARGS ?=
 # Test workers (pytest-xdist), one per core of the 2-core CI machine; JOBS=0 runs in one process.
 # --dist loadfile keeps each file on one worker, so a module's server or engine starts once; at most
 # two files' servers then run at a time (one server with its engine core is about 2 GB resident).
+# --no-loadscope-reorder keeps tests/conftest.py's file order (server and engine files first), so a
+# slow server file never starts last while the other worker has nothing left to do.
 JOBS ?= 2
-XDIST = -n $(JOBS) --dist loadfile
+XDIST = -n $(JOBS) --dist loadfile --no-loadscope-reorder
 # Extra demo flags, e.g. DEMO_ARGS='--requests 16 --max-tokens 1000' (python -m hermes_vllm.demo --help).
 DEMO_ARGS ?=
 

@@ -454,6 +454,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=2, help="requests per burst / concurrency")
     parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument(
+        "--offline-max-tokens", type=int, default=128, help="max_tokens of --required-offline's requests"
+    )
     parser.add_argument("--passes", type=int, default=6, help="bursts per server in --e2e")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
@@ -466,7 +469,7 @@ def main() -> None:
         report["first_token"] = first_token(args.tokenizer, 15)
     if args.required_offline:
         report["required_offline"] = required_offline(
-            args.tokenizer, args.concurrency, 128, args.passes, trained=args.trained
+            args.tokenizer, args.concurrency, args.offline_max_tokens, args.passes, trained=args.trained
         )
         print(json.dumps(report["required_offline"]), flush=True)
     if args.e2e:

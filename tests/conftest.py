@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from hermes_vllm.testing import tiny_model_path
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files that start vLLM servers or engines first, the rest after them, most tests first.
+
+    ``make test`` runs ``--dist loadfile --no-loadscope-reorder``: a file stays on one worker and
+    the workers take files in this order. xdist's own order (most tests first) put the files with a
+    few slow server tests last, so one of them ran alone at the end while the other worker idled;
+    started first, they overlap, and the many quick engine-free files fill the tail. The sort is
+    stable: the order inside a file (its module-scoped servers grouped) is left as it is.
+    """
+    heavy = Counter(
+        item.path for item in items if item.get_closest_marker("server") or item.get_closest_marker("engine")
+    )
+    tests = Counter(item.path for item in items)
+    items.sort(key=lambda item: (-heavy[item.path], -tests[item.path], str(item.path)))
 
 
 @pytest.fixture(scope="session")

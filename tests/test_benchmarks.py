@@ -72,7 +72,7 @@ def test_processor_required_offline_and_end_to_end_run(tmp_path: Path) -> None:
         "processor.py",
         *("--tokenizer", "llama3.1", "--batch", "2", "--share", "0", "--steps", "2"),
         *("--required-offline", "--e2e", "--passes", "1", "--concurrency", "2", "--rounds", "1"),
-        *("--max-tokens", "8"),
+        *("--max-tokens", "8", "--offline-max-tokens", "32"),
         out=tmp_path,
     )
     report = json.loads((tmp_path / "processor-llama3.1.json").read_text())
