@@ -11,6 +11,7 @@ import gc
 import json
 import os
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -151,17 +152,14 @@ def scripted(grammar: Any, script: list[int], width: int, steps: int) -> tuple[l
     return tokens, masks
 
 
-@pytest.mark.parametrize(("choice", "max_tokens"), [("auto", 60), ("required", 24)])
-def test_drafts_rolled_back_leave_the_row_as_if_only_the_kept_tokens_came(
+def plain_run(
     tokenizer: Any, choice: str, max_tokens: int
-) -> None:
-    """vLLM's draft protocol against a row fed without drafts: validate, fill and accept each
-    draft, fill the bonus row, roll back, accept the kept tokens. Every mask the drafted row gives
-    at a kept position equals the plain row's there, budgets (forcing a close at max_tokens=24 under ``required``)
-    included; a draft the grammar refuses is cut, and the plain row's mask refuses it too."""
+) -> tuple[Callable[[], Any], int, int, list[int], list[torch.Tensor]]:
+    """A hosted row factory for ``choice`` within ``max_tokens``, the logits width, the steps, and
+    the plain run (no drafts) of :data:`TURN` through one row: its tokens and the mask before each."""
     from vllm import SamplingParams
 
-    from hermes_vllm.processor.hosted import RowHost, _allows
+    from hermes_vllm.processor.hosted import RowHost
 
     width = len(tokenizer)
     host = RowHost(ConstraintCore(lambda: tokenizer, width, engine="auto"), window=4)
@@ -170,9 +168,22 @@ def test_drafts_rolled_back_leave_the_row_as_if_only_the_kept_tokens_came(
     def grammar() -> Any:
         return host.grammar(SamplingParams(max_tokens=max_tokens, extra_args=args))
 
-    script = tokenizer.encode(TURN, add_special_tokens=False)
     steps = max_tokens - 1
-    tokens, masks = scripted(grammar(), script, width, steps)
+    tokens, masks = scripted(grammar(), tokenizer.encode(TURN, add_special_tokens=False), width, steps)
+    return grammar, width, steps, tokens, masks
+
+
+@pytest.mark.parametrize(("choice", "max_tokens"), [("auto", 60), ("required", 24)])
+def test_drafts_rolled_back_leave_the_row_as_if_only_the_kept_tokens_came(
+    tokenizer: Any, choice: str, max_tokens: int
+) -> None:
+    """vLLM's draft protocol against a row fed without drafts: validate, fill and accept each
+    draft, fill the bonus row, roll back, accept the kept tokens. Every mask the drafted row gives
+    at a kept position equals the plain row's there, budgets (forcing a close at max_tokens=24 under ``required``)
+    included; a draft the grammar refuses is cut, and the plain row's mask refuses it too."""
+    from hermes_vllm.processor.hosted import _allows
+
+    grammar, width, steps, tokens, masks = plain_run(tokenizer, choice, max_tokens)
     drafted = grammar()
     rng = random.Random(0)
     bitmask = torch.zeros((5, (width + 31) // 32), dtype=torch.int32)
@@ -216,20 +227,7 @@ def test_validated_drafts_are_the_prefix_the_row_itself_takes(
     replaced by a random or a stop token) are cut exactly where a copy of the row, fed the drafts
     one by one with a fill before each, refuses one or terminates; and validating leaves the row
     where it was (the next mask is the plain run's)."""
-    from vllm import SamplingParams
-
-    from hermes_vllm.processor.hosted import RowHost
-
-    width = len(tokenizer)
-    host = RowHost(ConstraintCore(lambda: tokenizer, width, engine="auto"), window=4)
-    args = constraint_args([TOOL], choice)
-
-    def grammar() -> Any:
-        return host.grammar(SamplingParams(max_tokens=max_tokens, extra_args=args))
-
-    script = tokenizer.encode(TURN, add_special_tokens=False)
-    steps = max_tokens - 1
-    tokens, masks = scripted(grammar(), script, width, steps)
+    grammar, width, steps, tokens, masks = plain_run(tokenizer, choice, max_tokens)
     rng = random.Random(1)
     bitmask = torch.zeros((1, (width + 31) // 32), dtype=torch.int32)
     row = grammar()
