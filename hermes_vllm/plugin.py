@@ -4,16 +4,19 @@ from __future__ import annotations
 
 from hermes_vllm.parsers import finish_reason, register_parsers
 from hermes_vllm.processor import handshake, speculative
+from hermes_vllm.vllm_api import check_release
 
 
 def register() -> None:
-    """Idempotent: prepare the processor handshake, register the tool and reasoning parsers,
-    wrap vLLM's structured outputs for speculative decoding, and the offline engine's outputs
-    (:func:`hermes_vllm.parsers.finish_reason.install_offline`).
+    """Idempotent: warn once where this vLLM is newer than every release checked
+    (:mod:`hermes_vllm.vllm_api.release`), prepare the processor handshake, register the tool
+    and reasoning parsers, wrap vLLM's structured outputs for speculative decoding, and the
+    offline engine's outputs (:func:`hermes_vllm.parsers.finish_reason.install_offline`).
 
     See :mod:`hermes_vllm.processor.handshake`, :mod:`hermes_vllm.parsers` and
     :mod:`hermes_vllm.processor.speculative`.
     """
+    check_release()
     handshake.ensure_dir()
     register_parsers()
     speculative.install()

@@ -21,11 +21,10 @@ from collections.abc import Callable
 from typing import Any
 
 from hermes_vllm.parsers import prompt_state
-from hermes_vllm.processor.patching import wrap_attribute
+from hermes_vllm.vllm_api import touchpoints, wrap_attribute
 
 logger = logging.getLogger(__name__)
 
-_MODULE = "vllm.parser.parser_manager"
 _PATCHED = "__hermes_vllm_always_adjust__"
 MARK = "hermes_vllm_constrains_none"
 """A tool parser class attribute: true for ours, whose ``adjust_request`` must also see ``"none"``."""
@@ -52,4 +51,4 @@ def _wrap(get_parser: Callable[..., Any]) -> Callable[..., Any]:
 def install() -> bool:
     """Wrap vLLM's parser composition once per process; False if this vLLM has no such hook."""
     # get_parser is a staticmethod: it goes back as one.
-    return wrap_attribute(_MODULE, "ParserManager", "get_parser", _SKIPPED, _wrap, _PATCHED, static=True)
+    return wrap_attribute(touchpoints.GET_PARSER, _SKIPPED, _wrap, _PATCHED, static=True)

@@ -39,16 +39,13 @@ from typing import Any
 from hermes_vllm.constraint import has_constraint, parse_constraint
 from hermes_vllm.dialect import get_dialect
 from hermes_vllm.grammar.budget import MARK
-from hermes_vllm.processor.patching import vllm_attribute, wrap_attribute
+from hermes_vllm.vllm_api import touchpoints, vllm_attribute, wrap_attribute
 
 logger = logging.getLogger(__name__)
 
-_MODULE = "vllm.entrypoints.openai.chat_completion.serving"
 _PATCHED = "__hermes_vllm_finish_reason__"
 _RESOLVER = "resolve_finish_reason"
 _SKIPPED = "hermes-vllm: %s: %s; a cut non-streaming reply keeps vLLM's finish_reason"
-_ENGINE = "vllm.v1.engine.async_llm"
-_OFFLINE = "vllm.v1.engine.llm_engine"
 _CLOSINGS = "_hermes_vllm_closings"
 _CLOSED_SKIPPED = "hermes-vllm: %s: %s; a reply holding a call the budget closed keeps its finish_reason"
 
@@ -153,8 +150,8 @@ def install_offline() -> bool:
     """Wrap the offline engine (``LLMEngine``, behind ``vllm.LLM.generate`` and ``chat``) as
     :func:`install` wraps ``AsyncLLM.generate`` (idempotent; the general plugin calls it in every
     process). False where this vLLM lacks either method (a warning says so)."""
-    added = wrap_attribute(_OFFLINE, "LLMEngine", "add_request", _CLOSED_SKIPPED, _wrap_add_request, _PATCHED)
-    return added and wrap_attribute(_OFFLINE, "LLMEngine", "step", _CLOSED_SKIPPED, _wrap_step, _PATCHED)
+    added = wrap_attribute(touchpoints.OFFLINE_ADD, _CLOSED_SKIPPED, _wrap_add_request, _PATCHED)
+    return added and wrap_attribute(touchpoints.OFFLINE_STEP, _CLOSED_SKIPPED, _wrap_step, _PATCHED)
 
 
 async def _noting(outputs: AsyncIterator[Any], reasons: dict[int, str | None]) -> AsyncIterator[Any]:
@@ -212,8 +209,8 @@ def install() -> bool:
     Returns whether the chat wrapper is in place: False where vLLM keeps ``"length"`` itself, or
     where the method is not there or has another signature (a warning then says so).
     """
-    wrap_attribute(_ENGINE, "AsyncLLM", "generate", _CLOSED_SKIPPED, _wrap_generate, _PATCHED)
-    found = vllm_attribute(_MODULE, "OpenAIServingChat", "chat_completion_full_generator", _SKIPPED)
+    wrap_attribute(touchpoints.ASYNC_GENERATE, _CLOSED_SKIPPED, _wrap_generate, _PATCHED)
+    found = vllm_attribute(touchpoints.CHAT_FULL, _SKIPPED)
     if found is None:
         return False
     serving, method = found
@@ -223,7 +220,9 @@ def install() -> bool:
         return False
     parameters = inspect.signature(method).parameters
     if not {"request", "result_generator"} <= parameters.keys():
-        logger.warning(_SKIPPED, _MODULE, "chat_completion_full_generator has another signature")
+        logger.warning(
+            _SKIPPED, touchpoints.CHAT_FULL.module, "chat_completion_full_generator has another signature"
+        )
         return False
     serving.chat_completion_full_generator = _wrap(method)
     return True

@@ -42,7 +42,7 @@ from hermes_vllm.processor.core import ConstraintCore, RowState
 from hermes_vllm.spans import TextFollower
 
 if TYPE_CHECKING:
-    from vllm import SamplingParams
+    from vllm.sampling_params import SamplingParams
 
     from hermes_vllm.grammar.compiler import ToolCallMatcher
 

@@ -22,9 +22,11 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from hermes_vllm.vllm_api import touchpoints
+
 logger = logging.getLogger(__name__)
 
-_MODULE = "vllm.v1.worker.gpu_input_batch"
+_MODULE = touchpoints.V1_INPUT_BATCH.module
 _FLAG = "logitsprocs_need_output_token_ids"
 _PATCHED = "__hermes_vllm_output_ids__"
 MARK = "hermes_vllm_reads_output_ids"

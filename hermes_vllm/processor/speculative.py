@@ -32,10 +32,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from hermes_vllm.constraint import has_constraint
-from hermes_vllm.processor.patching import vllm_attribute
+from hermes_vllm.vllm_api import TouchPoint, touchpoints, vllm_attribute
 
 if TYPE_CHECKING:
-    from vllm import SamplingParams
+    from vllm.sampling_params import SamplingParams
 
     from hermes_vllm.processor.hosted import RowHost
 
@@ -46,8 +46,6 @@ RUNNER = "speculative"
 MARKER = "hermes-vllm tool-call constraint"
 """The one choice of the marker ``structured_outputs``; never compiled by a vLLM backend."""
 
-_MODULE = "vllm.v1.structured_output"
-_OWNER = "StructuredOutputManager"
 _PATCHED = "__hermes_vllm_speculative__"
 _HOST = "_hermes_vllm_host"
 _SKIPPED = "hermes-vllm: %s: %s; constrained requests are refused under speculative decoding"
@@ -144,10 +142,10 @@ def _wrap_create(method: Callable[..., Any]) -> Callable[..., Any]:
     return _create_grammar
 
 
-_WRAPPERS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
-    "__init__": _wrap_init,
-    "grammar_init": _wrap_grammar_init,
-    "_create_grammar": _wrap_create,
+_WRAPPERS: dict[TouchPoint, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
+    touchpoints.MANAGER_INIT: _wrap_init,
+    touchpoints.MANAGER_GRAMMAR_INIT: _wrap_grammar_init,
+    touchpoints.MANAGER_CREATE: _wrap_create,
 }
 
 
@@ -155,18 +153,18 @@ def install() -> bool:
     """Wrap the manager's methods once per process (idempotent); False where a target is missing."""
     global _missing
     found = {}
-    for name in _WRAPPERS:
-        target = vllm_attribute(_MODULE, _OWNER, name, _SKIPPED)
+    for point in _WRAPPERS:
+        target = vllm_attribute(point, _SKIPPED)
         if target is None:
             import vllm
 
-            _missing = f"vLLM {vllm.__version__} has no {_MODULE}.{_OWNER}.{name}"
+            _missing = f"vLLM {vllm.__version__} has no {point.module}.{'.'.join(point.path)}"
             return False
-        found[name] = target
-    for name, (cls, method) in found.items():
+        found[point] = target
+    for point, (cls, method) in found.items():
         if not getattr(method, _PATCHED, False):
-            wrapped = _WRAPPERS[name](method)
+            wrapped = _WRAPPERS[point](method)
             setattr(wrapped, _PATCHED, True)
-            setattr(cls, name, wrapped)
+            setattr(cls, point.path[-1], wrapped)
     _missing = None
     return True

@@ -21,8 +21,8 @@ from hermes_vllm.processor.config import core_for_config
 from hermes_vllm.processor.core import ConstraintCore, RowState
 
 if TYPE_CHECKING:
-    from vllm import SamplingParams
     from vllm.config import VllmConfig
+    from vllm.sampling_params import SamplingParams
 
 
 class V1ToolCallLogitsProcessor(V1LogitsProcessor):  # type: ignore[misc]

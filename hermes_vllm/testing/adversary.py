@@ -371,7 +371,7 @@ class CoreDriver:
 
 
 def _sampling_params(extra_args: Any, scenario: Scenario) -> Any:
-    from vllm import SamplingParams
+    from vllm.sampling_params import SamplingParams
 
     return SamplingParams(
         max_tokens=scenario.max_tokens,

