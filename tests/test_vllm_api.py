@@ -11,6 +11,7 @@ users: the V2 hooks in ``test_v2_call_orders.py``, the structured-output draft p
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import importlib
 import inspect
@@ -50,9 +51,13 @@ def _used_vllm_names() -> dict[str, set[str]]:
                 names = [f"{node.module}.{alias.name}" for alias in node.names]
             elif isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names if alias.name.split(".")[0] == "vllm"]
-            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-                if node.value.startswith("vllm.") and node.value.replace(".", "").replace("_", "").isalnum():
-                    names = [node.value]
+            elif (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and node.value.startswith("vllm.")
+                and node.value.replace(".", "").replace("_", "").isalnum()
+            ):
+                names = [node.value]
             for name in names:
                 found.setdefault(name, set()).add(where)
     return found
@@ -89,9 +94,12 @@ def _resolve(point: TouchPoint) -> Any:
         tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
         owner, *rest = point.path
         for node in ast.walk(tree):
-            if isinstance(node, ast.ClassDef) and node.name == owner:
-                if not rest or any(getattr(item, "name", None) == rest[0] for item in node.body):
-                    return node
+            if (
+                isinstance(node, ast.ClassDef)
+                and node.name == owner
+                and (not rest or any(getattr(item, "name", None) == rest[0] for item in node.body))
+            ):
+                return node
         raise AttributeError(point.target)
     with triton_assumed():
         found: Any = importlib.import_module(point.module)
@@ -113,10 +121,8 @@ def _members(found: Any) -> set[str]:
     else:
         init = found
     if callable(init):
-        try:
+        with contextlib.suppress(TypeError, ValueError):  # a builtin's signature may be unknown
             names |= set(inspect.signature(init).parameters)
-        except (TypeError, ValueError):
-            pass
     return names
 
 
@@ -146,7 +152,9 @@ def test_a_newer_vllm_gets_one_warning_naming_what_was_not_checked(caplog: pytes
     assert "InputBatch" not in warning, "touch points gone from the newest release are not named"
 
 
-def test_the_plugin_checks_the_release_once(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_the_plugin_checks_the_release_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     from hermes_vllm.plugin import register
 
     release.check_release.cache_clear()
