@@ -176,10 +176,19 @@ OUTPUTS: dict[str, tuple[bool, Callable[[Any], list[int]]]] = {
 }
 
 
+@pytest.fixture(scope="module", params=["mistral-v1", "llama3.1"])
+def engine_tokenizer(request: pytest.FixtureRequest) -> Any:
+    """The tokenizer vLLM's engine loads: ``</think>`` a plain added token (Mistral v1) or a
+    special one (Llama 3.1, Hermes 3's tags on special slots)."""
+    from vllm.tokenizers import get_tokenizer
+
+    return get_tokenizer(str(tiny_model_path(request.param)))
+
+
 @pytest.mark.parametrize("case", sorted(OUTPUTS))
 @pytest.mark.parametrize("split", ["one", "random", "drafts at the end"])
 def test_vllms_structured_output_starts_where_our_spans_end_reasoning(
-    case: str, split: str, tokenizer: Any
+    case: str, split: str, engine_tokenizer: Any
 ) -> None:
     """vLLM's manager, fed the output step by step, hands the grammar exactly the tokens after the
     closing tag of the first reasoning span, never a call tag inside it; a closing tag with no
@@ -187,12 +196,12 @@ def test_vllms_structured_output_starts_where_our_spans_end_reasoning(
     by our ``find_reasoning_end`` from its own tokens, where before the manager read the whole
     output at every step; and no call tag is masked while the row reasons."""
     opened, build = OUTPUTS[case]
-    prompt = spell(tokenizer, PROMPT_OPENS if opened else PROMPT_PLAIN)
-    output = build(tokenizer)
-    content = expected_content(tokenizer, opened, output)
+    prompt = spell(engine_tokenizer, PROMPT_OPENS if opened else PROMPT_PLAIN)
+    output = build(engine_tokenizer)
+    content = expected_content(engine_tokenizer, opened, output)
     reasoner_cls, reads = counting(HermesReasoningParser)
-    m, row = manager(tokenizer, reasoner_cls), Row(prompt)
-    pieces = served_vocabulary(tokenizer).vocab.latin1
+    m, row = manager(engine_tokenizer, reasoner_cls), Row(prompt)
+    pieces = served_vocabulary(engine_tokenizer).vocab.latin1
     quiet_reads: list[int] = []  # whole-output reads at reasoning steps that cannot close a span
     for step in steps(output, split, len(output) - len(content) - 1):
         ended, before = row.structured_output_request.reasoning_ended, len(reads)
