@@ -31,6 +31,7 @@ from itertools import accumulate
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from vllm.entrypoints.generate.base.protocol import DeltaMessage
+from vllm.parser.engine.parser_engine import ReasoningEnd
 from vllm.reasoning.abs_reasoning_parsers import ReasoningParser
 
 from hermes_vllm.dialect import DEFAULT_DIALECT, get_dialect
@@ -102,6 +103,56 @@ class DialectReasoningParser(ReasoningParser):  # type: ignore[misc]
             text = self._opener + text  # the output alone, after a prompt this parser was shown
         spans = split_spans(text, self.dialect)
         return any(s.kind == "reasoning" for s in spans) and spans[-1].closed
+
+    @property
+    def reasoning_end_token_ids(self) -> frozenset[int]:
+        """The reasoning span's closing tag as a token id, where the vocabulary has it as one
+        (an added or a special token: the grammar reads both by their bytes).
+
+        vLLM 0.34's structured-output manager asks :meth:`find_reasoning_end` of the new tokens
+        only where this is not empty (earlier releases never ask ours), and otherwise reads the
+        whole output through :meth:`is_reasoning_end` at every step. A closing tag spelled in
+        several tokens (the bracket dialect, Qwen 2.5's vocabulary) leaves it empty, as vLLM asks.
+        The grammar also reads a one-token tag written in pieces as the end, which
+        :meth:`find_reasoning_end` accounts for: the manager's answers stay exact.
+        """
+        ids = [self.vocab.get(tags.end) for tags in self.dialect.reasoning]
+        return frozenset(i for i in ids if i is not None) if None not in ids else frozenset()
+
+    @property
+    def implicit_reasoning_end_token_ids(self) -> frozenset[int]:
+        """Empty: in the turn grammar only a reasoning span's own closing tag ends it.
+
+        A call tag inside the span is reasoning text (a call comes after the closing tag), unlike
+        vLLM's qwen3 parser, where ``<tool_call>`` also ends reasoning. Listed here, vLLM 0.34
+        would mask it while a ``response_format`` request reasons (a JSON grammar cannot start
+        with a tag), taking from the model text that our grammar allows inside the span.
+        """
+        return frozenset()
+
+    def find_reasoning_end(self, token_ids: Sequence[int]) -> ReasoningEnd | None:
+        """``ReasoningEnd(len(token_ids), False)`` where these tokens end no reasoning span, else
+        ``None``.
+
+        vLLM 0.34 passes only the tokens written since it last found reasoning not ended (a step's
+        new or draft tokens). A span closes only where its closing tag's last byte is written, so
+        tokens whose bytes hold no closing tag, and do not start with the rest of one begun
+        before them, close none, whatever came before. Where they do, whether reasoning ends
+        depends on that earlier text, which they do not show: inside a reasoning span the tag
+        ends it, while a closing tag with no opening, or one inside a call's string, is text.
+        ``None`` then has vLLM read the whole output through :meth:`is_reasoning_end`, once for
+        such a step instead of at every step.
+
+        Decoded as :meth:`is_reasoning_end` reads, from the engine's own tokenizer (a decode of a
+        few tokens a step); a space the decoder drops before the first token only makes ``None``
+        likelier, never hides a tag.
+        """
+        text = str(self.model_tokenizer.decode(list(token_ids)))
+        for tags in self.dialect.reasoning:
+            end = tags.end
+            if end in text or any(text.startswith(end[k:]) for k in range(1, len(end))):
+                return None
+        return ReasoningEnd(len(token_ids), False)
 
     @property
     def _opener(self) -> str:

@@ -43,6 +43,23 @@ if TYPE_CHECKING:
     from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
 
 
+def _no_tools(request: ChatCompletionRequest) -> None:
+    """Read an empty ``tools`` list as no tools, as vLLM 0.34's request validation does.
+
+    OpenAI treats ``tools: []`` like an omitted field: ``auto`` and ``required`` have nothing to
+    call and become ``none``, so no constraint is built and no call is owed, and a named tool
+    names none of the tools (``ValueError``: HTTP 400). vLLM 0.34 rewrites such a request before
+    it reaches a parser and 0.32 / 0.33 refuse it, but a request built without that validation
+    (``model_construct``, another plugin) must not come out owing a call to no tool.
+    """
+    choice = request.tool_choice
+    if choice is not None and not isinstance(choice, str):
+        raise ValueError("tool_choice names a tool, but tools is an empty list")
+    request.tools = None
+    if choice in ("auto", "required"):
+        request.tool_choice = "none"
+
+
 class DialectToolParser(ToolParser):  # type: ignore[misc]
     """Tool calls of one dialect; subclasses only name the dialect."""
 
@@ -84,9 +101,12 @@ class DialectToolParser(ToolParser):  # type: ignore[misc]
         opening a call, so the model cannot write a fake call into the content; vLLM calls this
         for ``"none"`` even without a reasoning parser because :mod:`hermes_vllm.parsers.always_adjust`
         asks it to. A constraint a client sent under the same key is replaced: it must be the
-        request's own tools and tool_choice.
+        request's own tools and tool_choice. An empty ``tools`` list is no tools (see
+        :func:`_no_tools`).
         """
         if not request.tools:
+            if isinstance(request, ChatCompletionRequest) and request.tools is not None:
+                _no_tools(request)
             return request
         if isinstance(request, ChatCompletionRequest):
             tools: Sequence[Any] = request.tools
