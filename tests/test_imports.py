@@ -13,7 +13,13 @@ from pathlib import Path
 import hermes_vllm
 
 PACKAGE = Path(hermes_vllm.__file__).parent
-VLLM_USERS = {"hermes_vllm.processor", "hermes_vllm.parsers", "hermes_vllm.plugin", "hermes_vllm.testing"}
+VLLM_USERS = {
+    "hermes_vllm.processor",
+    "hermes_vllm.parsers",
+    "hermes_vllm.plugin",
+    "hermes_vllm.testing",
+    "hermes_vllm.vllm_api",
+}
 
 
 def _modules() -> dict[str, Path]:

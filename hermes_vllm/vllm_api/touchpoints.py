@@ -284,6 +284,24 @@ REASONING_PARSER = _point(
     "extract_content_ids",
     "extract_reasoning",
 )
+REASONING_END = _point(
+    "vllm.parser.engine.parser_engine:ReasoningEnd",
+    "type",
+    "parsers/reasoning_parser.py",
+    "the parsers do not import",
+    "offset",
+    "implicit",
+)
+REASONING_END_MEMBERS = tuple(
+    _point(
+        f"vllm.reasoning.abs_reasoning_parsers:ReasoningParser.{member}",
+        "hook",
+        "parsers/reasoning_parser.py",
+        "vLLM does not ask: its structured outputs read its own parsers' ends only (ours are unused)",
+        releases=("0.34",),
+    )
+    for member in ("reasoning_end_token_ids", "implicit_reasoning_end_token_ids", "find_reasoning_end")
+)
 TOOL_PARSERS = _point(
     "vllm.tool_parsers:ToolParserManager",
     "call",
@@ -417,7 +435,8 @@ TOUCH_POINTS: tuple[TouchPoint, ...] = (
     V1_PROCESSOR, V1_BATCH_UPDATE, V1_DICT_UPDATES, V1_INPUT_BATCH, V1_ASYNC_REPAIR,
     CONFIG, TOKENIZER, WORKER_STATUS, ASYNC_GENERATE, ASYNC_RPC, SAMPLING_PARAMS,
     GRAMMAR, MANAGER_INIT, MANAGER_GRAMMAR_INIT, MANAGER_CREATE, STRUCTURED_PARAMS,
-    TOOL_PARSER, REASONING_PARSER, TOOL_PARSERS, REASONING_PARSERS, GET_PARSER, CHAT_FULL, OFFLINE_ADD,
+    TOOL_PARSER, REASONING_PARSER, REASONING_END, *REASONING_END_MEMBERS, TOOL_PARSERS, REASONING_PARSERS,
+    GET_PARSER, CHAT_FULL, OFFLINE_ADD,
     OFFLINE_STEP, RESPONSES_TOOLS, *PROTOCOL, CHAT_REQUEST, RESPONSES_REQUEST, TOOL_CALL_ID,
     SERVER, LLM, ENGINE_ARGS, TRITON_FLAG, *HEADLESS, *HEADLESS_ARGS, VERSION,
 )
