@@ -3,13 +3,15 @@
     python benchmarks/worstcase.py [--sets 4] [--stride 8] [--rotate] [--jobs 2]
                                    [--engines xgrammar llguidance outlines] [--shapes N]
                                    [--samplers ...] [--tokenizer mistral-v1] [--out PATH.json]
-                                   [--write-every N] [--resume]
+                                   [--write-every N] [--resume] [--runner core|v2-0.33|v2-0.34]
 
 Every sampler of :mod:`hermes_vllm.testing.adversary` plays ``required``, named and ``auto`` turns
 over hand-written schemas of each shape the completer covers and ``--sets`` BFCL tool sets, at
 every ``--stride``-th ``max_tokens`` from the turn's reserve to reserve + 64 (``--rotate``: each
 ``max_tokens`` by one sampler, in turn), each run with one of:
 nothing else, ``stop=["\\n\\n"]``, a thinking budget of 6 with vLLM's own thinking budget played.
+``--runner`` plays every reply through the processor core (the default) or through the Model Runner
+V2 adapter with its hooks called in 0.33's or 0.34's order (``hermes_vllm.testing.v2_runner``).
 Writes PATH.json (every outcome, the summary by shape and by budget, the core's cost per row per
 step inside and outside the steering window) and PATH.png (kept rate by shape and by budget).
 """
@@ -32,8 +34,9 @@ from transformers import AutoTokenizer
 from hermes_vllm import constraint_args
 from hermes_vllm.processor.core import ConstraintCore
 from hermes_vllm.testing import tiny_model_path
-from hermes_vllm.testing.adversary import SAMPLERS, Scenario, run
+from hermes_vllm.testing.adversary import SAMPLERS, Scenario, V2Driver, run
 from hermes_vllm.testing.corpus import sample_tool_sets
+from hermes_vllm.testing.engine import engine_config
 
 RESULTS = Path(__file__).parent / "results"
 THINKING = 6
@@ -181,6 +184,12 @@ def _task(
     if engine not in _worker:
         _worker[engine] = ConstraintCore(lambda: tokenizer, len(tokenizer), engine=engine)
     core = _worker[engine]
+    driver: Any = core
+    if args.runner != "core":
+        if (engine, args.runner) not in _worker:
+            config = engine_config(tiny_model_path(args.tokenizer))
+            _worker[engine, args.runner] = V2Driver(core, config, args.runner.removeprefix("v2-"))
+        driver = _worker[engine, args.runner]
     rows: list[dict[str, Any]] = []
     refused: list[str] = []
     for mode in ("required", "named", "auto"):
@@ -199,7 +208,7 @@ def _task(
                 thinking_budget=THINKING if variant == 2 else None,
                 vllm_thinking=variant == 2,
             )
-            o = run(core, tokenizer, scenario, sampler, seed=args.seed + args.samplers.index(sampler))
+            o = run(driver, tokenizer, scenario, sampler, seed=args.seed + args.samplers.index(sampler))
             rows.append(
                 {
                     "engine": engine, "shape": shape, "mode": mode, "sampler": sampler,
@@ -215,7 +224,18 @@ def _task(
     return rows, refused
 
 
-_SAME = ("tokenizer", "engines", "sets", "stride", "samplers", "rotate", "shapes", "thinking_budget", "seed")
+_SAME = (
+    "tokenizer",
+    "engines",
+    "sets",
+    "stride",
+    "samplers",
+    "rotate",
+    "shapes",
+    "thinking_budget",
+    "seed",
+    "runner",
+)
 
 
 def _resumed(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[str], float]:
@@ -228,7 +248,11 @@ def _resumed(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[str],
     if not args.resume or not args.out.exists():
         return [], [], 0.0
     earlier = json.loads(args.out.read_text())
-    meta = {**earlier["meta"], "seed": earlier["meta"].get("seed", 1)}
+    meta = {
+        **earlier["meta"],
+        "seed": earlier["meta"].get("seed", 1),
+        "runner": earlier["meta"].get("runner", "core"),
+    }
     ours = {**vars(args), "thinking_budget": THINKING}
     differ = [k for k in _SAME if meta.get(k) != ours[k]]
     if differ:
@@ -292,8 +316,8 @@ def _summary(
         "meta": {
             "tokenizer": args.tokenizer, "engines": args.engines, "sets": args.sets, "stride": args.stride,
             "samplers": args.samplers, "rotate": args.rotate, "shapes": args.shapes, "jobs": args.jobs,
-            "thinking_budget": THINKING, "seed": args.seed, "seconds": round(seconds, 1),
-            "command": " ".join(sys.argv),
+            "thinking_budget": THINKING, "seed": args.seed, "runner": args.runner,
+            "seconds": round(seconds, 1), "command": " ".join(sys.argv),
         },
         "total": _rate(rows),
         "by": {key: {k: _rate(v) for k, v in groups.items()} for key, groups in by.items()},
@@ -350,6 +374,12 @@ def main(argv: list[str] | None = None) -> int:
         "--shapes", type=int, default=len(SHAPES), help="hand-written shapes played (first N)"
     )
     parser.add_argument("--samplers", nargs="+", default=list(SAMPLERS), choices=SAMPLERS)
+    parser.add_argument(
+        "--runner",
+        default="core",
+        choices=["core", "v2-0.33", "v2-0.34"],
+        help="what the replies are played through",
+    )
     parser.add_argument(
         "--rotate", action="store_true", help="one sampler per max_tokens, in turn (a fifth of the runs)"
     )

@@ -179,11 +179,13 @@ def test_specdec_runs(tmp_path: Path) -> None:
     assert (tmp_path / "specdec-mistral-v1.png").stat().st_size > 0
 
 
-def test_worstcase_sweep_runs(tmp_path: Path) -> None:
+@pytest.mark.parametrize("runner", ["core", "v2-0.34"])
+def test_worstcase_sweep_runs(tmp_path: Path, runner: str) -> None:
     args = ["--sets", "0", "--shapes", "1", "--stride", "64", "--engines", "xgrammar", "--samplers", "random"]
-    run("worstcase.py", *args, out=tmp_path / "worstcase.json")
+    run("worstcase.py", *args, "--runner", runner, out=tmp_path / "worstcase.json")
     result = json.loads((tmp_path / "worstcase.json").read_text())
     assert result["total"]["runs"] == 6 and (tmp_path / "worstcase.png").exists()
+    assert result["meta"]["runner"] == runner
 
 
 def test_worstcase_resume_plays_only_missing_or_failed_tasks(tmp_path: Path) -> None:
