@@ -10,6 +10,7 @@ the core's own). The orders themselves are read from the running release's runne
 from __future__ import annotations
 
 import hashlib
+import random
 from collections.abc import Sequence
 from typing import Any
 
@@ -74,3 +75,42 @@ def test_v2_adapter_masks_alike_under_every_release_order(tokenizer: Any, vllm_c
                 assert outcome.kept(scenario.thinking_budget), (name, sampler, scenario.choice, outcome)
                 masks[name] = recording.masks
             assert masks["0.34"] == masks["0.33"] == masks["core"], (sampler, scenario.choice)
+
+
+class AnyHooks(V2Driver):
+    """V2 with the hook called as no release does, but as one might: on a random subset of steps,
+    sometimes twice, sometimes on a step that then runs no forward (no ``apply()``, no token)."""
+
+    def __init__(self, core: Any, vllm_config: Any, seed: int) -> None:
+        super().__init__(core, vllm_config, "0.34")
+        self.rng = random.Random(seed)
+
+    def step(self, new: Sequence[int]) -> torch.Tensor:
+        from hermes_vllm.testing.v2_runner import context
+
+        for token in new:
+            self.runner.commit(self._slot, token)
+        while self.rng.random() < 0.2:  # a step that admits someone else and then runs no forward
+            self.proc.apply_staged_writes()
+        for _ in range(self.rng.choice((0, 0, 1, 2))):
+            self.proc.apply_staged_writes()
+        logits = torch.zeros((1, self.core.vocab_size))
+        return self.proc.apply(logits, context([self._slot]))
+
+
+def test_v2_adapter_masks_alike_whichever_hooks_run_and_how_often(tokenizer: Any, vllm_config: Any) -> None:
+    core = core_for(tokenizer)
+    named = reserve(core, [LONG_OPTIONAL], "get_weather")
+    scenarios = [
+        Scenario([LONG_OPTIONAL], "get_weather", named + 9),
+        Scenario([LONG_OPTIONAL, SMALL], "auto", named + 12, stop=("\n\n",)),
+    ]
+    for seed, scenario in enumerate(scenarios):
+        for sampler in ("random", "late", "reopen"):
+            masks = {}
+            for name, driver in (("any", AnyHooks(core, vllm_config, seed)), ("core", CoreDriver(core))):
+                recording = Recording(driver)
+                outcome = run(recording, tokenizer, scenario, sampler, seed=scenario.max_tokens)
+                assert outcome.kept(scenario.thinking_budget), (name, sampler, outcome)
+                masks[name] = recording.masks
+            assert masks["any"] == masks["core"], (sampler, scenario.choice)
