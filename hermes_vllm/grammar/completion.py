@@ -29,12 +29,13 @@ import jsonschema
 from hermes_vllm.dialect import Dialect
 from hermes_vllm.grammar.pattern import shortest_completion
 from hermes_vllm.memo import TextKeyed
+from hermes_vllm.schema.formats import formats_as_patterns
 
 Schema = Any
 Measure = Callable[[str], int]
 """How long a text is: characters (the default) or a vocabulary's tokens."""
 _WS = " \t\n\r"
-_UNSUPPORTED = frozenset({"patternProperties", "format"})
+_UNSUPPORTED = frozenset({"patternProperties"})
 _CHECKED = ("oneOf", "allOf", "not")
 """Kept by the rewrites only where they could not be turned into ``anyOf`` or merged: the shortest
 value is built from the rest of the schema (``oneOf``: each branch) and checked against it whole."""
@@ -483,12 +484,14 @@ def _read_string(text: str, i: int, min_length: int) -> Iterator[_Read]:
 
 def _pattern_suffix(schema: Mapping[str, Any], written: str) -> str:
     """The shortest string body (JSON-escaped) that finishes ``written`` under the schema's
-    ``pattern``; coverage refuses a length bound beside a pattern, so none is honoured here."""
-    if "minLength" in schema or "maxLength" in schema:
-        raise _Unknown("pattern with a length bound")
+    ``pattern``. A length bound beside it (only an enforced ``format`` keeps one, on llguidance)
+    is checked, not searched: the pattern's shortest completion is the answer when it fits."""
     suffix = shortest_completion(schema["pattern"], written)
     if suffix is None:
         raise _Unknown("pattern")
+    length = len(written) + len(suffix)
+    if length < schema.get("minLength", 0) or length > schema.get("maxLength", length):
+        raise _Unknown("pattern with a length bound")
     return _dumps(suffix)[1:-1]
 
 
@@ -793,7 +796,7 @@ class CallCompleter:
 
     def __init__(self, dialect: Dialect, tools: Sequence[tuple[str, Schema]]) -> None:
         self.dialect = dialect
-        self.tools = [(n, _root_ref_fix(p)) for n, p in tools]
+        self.tools = [(n, formats_as_patterns(_root_ref_fix(p))) for n, p in tools]
         self._envelopes = _envelopes(dialect, self.tools)
         self._completions: TextKeyed[tuple[str, Measure], str | None] = TextKeyed(_CACHED_CHARS)
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
+from hermes_vllm.schema.formats import keep_enforced_formats
 from hermes_vllm.schema.spec import JSON, ToolSchemaError, pointer
 from hermes_vllm.schema.tree import CONSTRAINING, depth, iter_subschemas, resolve_ref
 from hermes_vllm.settings import Limits
@@ -483,12 +484,6 @@ def _full_match_patterns(schema: JSON) -> None:
             sub["pattern"] = rewritten
 
 
-def _drop_formats(schema: JSON) -> None:
-    """``format`` is an annotation in 2020-12; engines that enforce it reject valid strings."""
-    for _, sub in iter_subschemas(schema):
-        sub.pop("format", None)
-
-
 # The meta-data and content vocabularies of 2020-12: they annotate and never constrain.
 ANNOTATIONS = frozenset(
     {
@@ -591,5 +586,5 @@ def make_explicit(tool: str, schema: JSON, max_depth: int = Limits.max_schema_de
     _declare_required(tool, schema)
     _values_as_structure(schema, _filter_values(tool, schema), max_depth)
     _full_match_patterns(schema)
-    _drop_formats(schema)
+    keep_enforced_formats(schema)
     _drop_annotations(schema)

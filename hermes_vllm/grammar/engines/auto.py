@@ -8,7 +8,9 @@ xgrammar has the fastest masks, but, measured here (xgrammar 0.2.8):
 - a string with ``minLength``, ``maxLength`` or ``pattern`` admits no JSON escape, so a valid value
   holding a quote, a backslash or a newline cannot be written (tests/test_grammar_soundness.py);
 - it cannot enforce some keywords llguidance can (``patternProperties``, an ``allOf`` or ``oneOf``
-  the schema rewrites cannot turn into something simpler).
+  the schema rewrites cannot turn into something simpler);
+- its pattern for an e-mail address leaves quoted local parts out (``"joe bloggs"@example.com``:
+  see :data:`hermes_vllm.schema.formats.RAW_SAFE_PATTERNS`).
 
 A turn whose tools hold one of these is compiled by llguidance, every other turn by xgrammar.
 Both accept the same turn language, so a batch may mix them.
@@ -27,14 +29,19 @@ from hermes_vllm.grammar.engines.llguidance import LLGUIDANCE_KEYWORDS, LLGuidan
 from hermes_vllm.grammar.engines.xgrammar import XGRAMMAR_KEYWORDS, XGrammarEngine, XGrammarMatcher
 from hermes_vllm.grammar.turn import TurnSpec
 from hermes_vllm.schema import CONSTRAINING, iter_subschemas
+from hermes_vllm.schema.formats import FORMAT_PATTERNS, RAW_SAFE_PATTERNS
 
 _BOUNDED_STRINGS = frozenset({"minLength", "maxLength", "pattern"})
+_NARROWED_FORMATS = frozenset(f for f, p in FORMAT_PATTERNS.items() if RAW_SAFE_PATTERNS[f] != p)
+"""Formats whose pattern on xgrammar admits fewer strings than the format has."""
 
 
 def prefers_llguidance(turn: TurnSpec) -> bool:
     """Whether ``turn`` holds a bounded string or a keyword only llguidance enforces."""
     for tool in turn.tools:
         for _, sub in iter_subschemas(tool.parameters):
+            if sub.get("format") in _NARROWED_FORMATS:
+                return True
             for key in sub:
                 if key in _BOUNDED_STRINGS or (key in CONSTRAINING and key not in XGRAMMAR_KEYWORDS):
                     return True
