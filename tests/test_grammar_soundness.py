@@ -355,7 +355,9 @@ def test_rewrites_spell_out_what_engines_get_wrong() -> None:
     assert "anyOf" in _explicit({"oneOf": [{"type": "integer"}, {"type": "string"}]})
     assert "oneOf" in _explicit({"oneOf": [{"type": "integer"}, {"type": "number"}]})  # 1 matches both
     assert "allOf" in _explicit({"allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]})
-    assert _explicit({"type": "string", "format": "email"})["format"] == "email"  # enforced: test_schema_formats
+    assert (
+        _explicit({"type": "string", "format": "email"})["format"] == "email"
+    )  # enforced: test_schema_formats
     assert "format" not in _explicit({"type": "string", "format": "binary"})  # unknown: an annotation
     # an object or array value becomes its structure (engines read a container const as one literal)
     assert _explicit({"type": "object", "const": {"a": [1]}}) == {

@@ -95,7 +95,8 @@ _EMAIL = f"{_join(_DOT_STRING, _QUOTED)}@{_DOMAIN}"
 _EMAIL_UNQUOTED = f"{_DOT_STRING}@{_DOMAIN}"
 
 # RFC 3986 section 3, an absolute URI with an optional fragment. Classes end with ``-``, where it
-# cannot read as a range.
+# cannot read as a range. A port above 65535 is refused although RFC 3986 allows any digits:
+# no such port exists, and pydantic's URL types reject it.
 _UNRESERVED = "A-Za-z0-9._~"
 _SUB_DELIMS = "!$&'()*+,;="
 _PCT = f"%{_HEX}{_HEX}"
@@ -105,7 +106,8 @@ _IPV_FUTURE = f"v{_HEX}+\\.[{_UNRESERVED}{_SUB_DELIMS}:-]+"
 _IP_LITERAL = f"\\[{_join(_IPV6, _IPV_FUTURE)}\\]"
 _HOST = _join(_IP_LITERAL, _join(f"[{_UNRESERVED}{_SUB_DELIMS}-]", _PCT) + "*")
 _USERINFO = _join(f"[{_UNRESERVED}{_SUB_DELIMS}:-]", _PCT) + "*"
-_AUTHORITY = f"({_USERINFO}@)?{_HOST}(:{_DIGIT}*)?"
+_PORT = "0*" + _join("[1-5]?[0-9]{1,4}", "6[0-4][0-9]{3}", "65[0-4][0-9]{2}", "655[0-2][0-9]", "6553[0-5]")
+_AUTHORITY = f"({_USERINFO}@)?{_HOST}(:({_PORT})?)?"
 _HIER_PART = _join(
     f"//{_AUTHORITY}(/{_SEGMENT})*",
     f"/({_PCHAR}+(/{_SEGMENT})*)?",
@@ -139,8 +141,9 @@ FORMAT_PATTERNS: Final[dict[str, str]] = {
     }.items()
 }
 """Each enforced format's strings as a whole-match regex over the decoded string. Not exact:
-a leap second is admitted at any minute, a hostname of any total length; year 0000 and a dotless
-e-mail domain are refused although the RFCs allow them (see the comments above)."""
+a leap second is admitted at any minute, a hostname of any total length; year 0000, a dotless
+e-mail domain and a port above 65535 are refused although the RFCs allow them (see the comments
+above)."""
 
 RAW_SAFE_PATTERNS: Final[dict[str, str]] = {**FORMAT_PATTERNS, "email": f"^{_EMAIL_UNQUOTED}$"}
 """The patterns for engines that match a pattern against the string's JSON spelling, escapes and
