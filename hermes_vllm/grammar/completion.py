@@ -129,20 +129,20 @@ def _shortest(schema: Schema, ctx: _Ctx, depth: int = 0) -> str:
 
 def _checked_shortest(schema: Mapping[str, Any], ctx: _Ctx, depth: int) -> str:
     """``oneOf`` / ``allOf`` / ``not`` the rewrites left: candidates built from the schema's
-    other keywords and from each branch, the shortest that the whole schema accepts."""
+    other keywords and from each branch, the shortest that the whole schema accepts. The check
+    runs where the schema sits in the call's root, so that a branch's ``$ref`` (pydantic's
+    discriminated unions are a ``oneOf`` of them) resolves as the completer resolved it."""
     plain = {k: v for k, v in schema.items() if k not in _CHECKED}
     candidates: list[str] = []
     for branch in [*schema.get("oneOf", ()), *schema.get("allOf", ()), plain]:
         with suppress(_Unknown):
             merged = dict(plain, **branch) if isinstance(branch, Mapping) and branch is not plain else plain
             candidates.append(_shortest(merged, ctx, depth + 1))
-    whole = dict(schema)
-    if ctx.root is not None and isinstance(ctx.root, Mapping):
-        whole.setdefault("$defs", ctx.root.get("$defs", {}))
+    validator = jsonschema.Draft202012Validator(ctx.root).evolve(schema=schema)
     valid = []
     for text in candidates:
         with suppress(jsonschema.exceptions.SchemaError, jsonschema.exceptions.RefResolutionError):
-            if jsonschema.Draft202012Validator(whole).is_valid(json.loads(text)):
+            if validator.is_valid(json.loads(text)):
                 valid.append(text)
     if not valid:
         raise _Unknown(f"no candidate satisfies {sorted(k for k in _CHECKED if k in schema)[0]}")

@@ -17,6 +17,7 @@ import json
 import logging
 import re
 from collections.abc import Sequence
+from contextlib import suppress
 from typing import Any
 
 from jsonschema import Draft202012Validator
@@ -185,17 +186,55 @@ def _disjoint(a: tuple[str, Any], b: tuple[str, Any]) -> bool:
     return all(not (_value_types(v) & types) for v in values)
 
 
+def _tag_values(branch: JSON, root: JSON, key: str) -> tuple[str, Any] | None:
+    """What an object-only branch requires property ``key`` to be (its :func:`_domain`); None when
+    the branch admits a non-object or does not require ``key``."""
+    if isinstance(branch, dict) and isinstance(branch.get("$ref"), str):
+        try:
+            branch = resolve_ref(root, branch["$ref"])
+        except LookupError:
+            return None
+    if not isinstance(branch, dict) or declared_types(branch) != {"object"}:
+        return None
+    properties = branch.get("properties")
+    if key not in branch.get("required", ()) or not isinstance(properties, dict):
+        return None
+    domain = _domain(properties.get(key), root)
+    return domain if domain is not None and domain[0] == "values" else None
+
+
+def _discriminated(branches: list[JSON], root: JSON) -> bool:
+    """Whether every branch is an object that requires one same property with values no other
+    branch's admits: pydantic's discriminated unions (``Field(discriminator=...)``), a ``oneOf``
+    of ``$ref`` s whose ``const`` tags differ, so no instance matches two branches."""
+    first = branches[0] if branches else None
+    if isinstance(first, dict) and isinstance(first.get("$ref"), str):
+        with suppress(LookupError):
+            first = resolve_ref(root, first["$ref"])
+    keys = first.get("required", []) if isinstance(first, dict) else []
+    for key in (k for k in keys if isinstance(k, str)):
+        tags = [_tag_values(b, root, key) for b in branches]
+        known = [t for t in tags if t is not None]
+        if len(known) == len(tags) and all(
+            _disjoint(a, b) for i, a in enumerate(known) for b in known[i + 1 :]
+        ):
+            return True
+    return False
+
+
 def _one_of_as_any_of(schema: JSON) -> None:
-    """``oneOf`` whose branches cannot overlap (disjoint types or values) means ``anyOf``."""
+    """``oneOf`` whose branches cannot overlap (disjoint types or values, or a required tag
+    property with disjoint values) means ``anyOf``."""
     for _, sub in iter_subschemas(schema):
         branches = sub.get("oneOf")
         if not isinstance(branches, list) or "anyOf" in sub:
             continue
         domains = [_domain(b, schema) for b in branches]
         known = [d for d in domains if d is not None]
-        if len(known) == len(domains) and all(
+        disjoint = len(known) == len(domains) and all(
             _disjoint(a, b) for i, a in enumerate(known) for b in known[i + 1 :]
-        ):
+        )
+        if disjoint or _discriminated(branches, schema):
             sub["anyOf"] = sub.pop("oneOf")
 
 
@@ -231,6 +270,24 @@ def _explicit_types(schema: JSON) -> None:
     for path, sub in iter_subschemas(schema):
         if path and "type" not in sub and "$ref" not in sub and _TYPED & sub.keys():
             sub["type"] = list(JSON_TYPES)
+
+
+def _closed_tuples(schema: JSON) -> None:
+    """A ``prefixItems`` tuple whose ``maxItems`` admits no item past it says ``items: false``.
+
+    pydantic writes ``tuple[int, str]`` so (``minItems`` = ``maxItems`` = 2, no ``items``); said
+    outright, engines that take only closed tuples (outlines-core) compile it. Exact: no item can
+    follow the prefix anyway.
+    """
+    for _, sub in iter_subschemas(schema):
+        prefix, most = sub.get("prefixItems"), sub.get("maxItems")
+        if (
+            isinstance(prefix, list)
+            and isinstance(most, int)
+            and most <= len(prefix)
+            and sub.get("items", True) is True
+        ):
+            sub["items"] = False
 
 
 def open_containers(schema: JSON) -> None:
@@ -582,6 +639,7 @@ def make_explicit(tool: str, schema: JSON, max_depth: int = Limits.max_schema_de
     _one_of_as_any_of(schema)
     _distribute_any_of(schema)
     _explicit_types(schema)
+    _closed_tuples(schema)
     open_containers(schema)
     _declare_required(tool, schema)
     _values_as_structure(schema, _filter_values(tool, schema), max_depth)
