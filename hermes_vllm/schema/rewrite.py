@@ -15,9 +15,11 @@ import copy
 import itertools
 import json
 import logging
+import math
 import re
 from collections.abc import Sequence
 from contextlib import suppress
+from fractions import Fraction
 from typing import Any
 
 from jsonschema import Draft202012Validator
@@ -270,6 +272,104 @@ def _explicit_types(schema: JSON) -> None:
     for path, sub in iter_subschemas(schema):
         if path and "type" not in sub and "$ref" not in sub and _TYPED & sub.keys():
             sub["type"] = list(JSON_TYPES)
+
+
+FINITE_MULTIPLES = 256
+"""Most values a bounded integer ``multipleOf`` may have to be spelled out as an ``enum``."""
+_RANGE = frozenset({"type", "multipleOf", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
+
+
+def _integer_bounds(sub: dict[str, JSON]) -> tuple[int | None, int | None]:
+    """The least and the greatest integer the range keywords admit (None where unbounded)."""
+    low: int | None = None
+    high: int | None = None
+    for key, exclusive, upper in (
+        ("minimum", False, False), ("exclusiveMinimum", True, False),
+        ("maximum", False, True), ("exclusiveMaximum", True, True),
+    ):  # fmt: skip
+        value = sub.get(key)
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            continue
+        exact = Fraction(str(value))
+        if upper:
+            n = math.ceil(exact) - 1 if exclusive else math.floor(exact)
+            high = n if high is None else min(high, n)
+        else:
+            n = math.floor(exact) + 1 if exclusive else math.ceil(exact)
+            low = n if low is None else max(low, n)
+    return low, high
+
+
+def _finite_multiples(schema: JSON) -> None:
+    """An integer ``multipleOf`` in a bounded range is a finite set: an ``enum`` of its values.
+
+    Every engine enforces an ``enum`` (xgrammar alone enforces ``multipleOf``, and only up to a
+    divisor of 1024). Exact for ``"type": "integer"`` with both bounds and nothing else beside
+    (annotations aside), up to :data:`FINITE_MULTIPLES` values; an empty set stays as it is, for
+    the satisfiability check to name.
+    """
+    for _, sub in iter_subschemas(schema):
+        step = sub.get("multipleOf")
+        if sub.get("type") != "integer" or not set(sub) - ANNOTATIONS <= _RANGE:
+            continue
+        if not isinstance(step, int | float) or isinstance(step, bool) or step <= 0:
+            continue
+        low, high = _integer_bounds(sub)
+        if low is None or high is None:
+            continue
+        unit = Fraction(str(step))
+        first, last = math.ceil(low / unit), math.floor(high / unit)
+        if not 0 < last - first + 1 <= FINITE_MULTIPLES:
+            continue
+        values = [v * unit for v in range(first, last + 1) if (v * unit).denominator == 1]
+        if values:
+            for key in _RANGE:
+                sub.pop(key, None)
+            sub["enum"] = [int(v) for v in values]
+
+
+UNIQUE_ARRAYS = 100
+"""Most arrays of distinct members an ``enum``'s ``uniqueItems`` array may be spelled out as."""
+_UNIQUE = frozenset({"type", "items", "uniqueItems", "minItems", "maxItems"})
+
+
+def _unique_members(schema: JSON) -> None:
+    """An array of distinct members of a small ``enum`` (pydantic's ``set[Enum]``,
+    ``set[Literal[...]]``) is a finite set of arrays: an ``anyOf`` of closed tuples, one per
+    ordered choice of distinct members within ``minItems``/``maxItems``.
+
+    No engine enforces ``uniqueItems``; spelled out, every engine does. Exact where the items'
+    schema (through a ``$ref`` too) is an ``enum``/``const`` with nothing beside it but ``type``
+    and annotations, up to :data:`UNIQUE_ARRAYS` arrays (4 members make 65).
+    """
+    for _, sub in iter_subschemas(schema):
+        if (
+            sub.get("uniqueItems") is not True
+            or sub.get("type") != "array"
+            or set(sub) - ANNOTATIONS - _UNIQUE
+        ):
+            continue
+        items = sub.get("items")
+        if isinstance(items, dict) and isinstance(items.get("$ref"), str) and len(items) == 1:
+            with suppress(LookupError):
+                items = resolve_ref(schema, items["$ref"])
+        if not isinstance(items, dict) or set(items) - ANNOTATIONS - {"type", "enum", "const"}:
+            continue
+        members = [items["const"]] if "const" in items else items.get("enum")
+        if not isinstance(members, list):
+            continue
+        check = Draft202012Validator({k: v for k, v in items.items() if k not in ANNOTATIONS})
+        members = list({value_key(m): m for m in members if check.is_valid(m)}.values())
+        low, high = sub.get("minItems", 0), min(sub.get("maxItems", len(members)), len(members))
+        if not isinstance(low, int) or not isinstance(high, int):
+            continue
+        counts = [math.perm(len(members), k) for k in range(low, high + 1)]
+        if not 0 < sum(counts) <= UNIQUE_ARRAYS:
+            continue
+        tuples = [c for k in range(low, high + 1) for c in itertools.permutations(members, k)]
+        for key in _UNIQUE:
+            sub.pop(key, None)
+        sub["anyOf"] = [structure_of(list(c), any_order=False) for c in tuples]
 
 
 def _closed_tuples(schema: JSON) -> None:
@@ -639,6 +739,8 @@ def make_explicit(tool: str, schema: JSON, max_depth: int = Limits.max_schema_de
     _one_of_as_any_of(schema)
     _distribute_any_of(schema)
     _explicit_types(schema)
+    _finite_multiples(schema)
+    _unique_members(schema)
     _closed_tuples(schema)
     open_containers(schema)
     _declare_required(tool, schema)

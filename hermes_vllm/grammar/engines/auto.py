@@ -30,6 +30,7 @@ from hermes_vllm.grammar.engines.xgrammar import XGRAMMAR_KEYWORDS, XGrammarEngi
 from hermes_vllm.grammar.turn import TurnSpec
 from hermes_vllm.schema import CONSTRAINING, iter_subschemas
 from hermes_vllm.schema.formats import FORMAT_PATTERNS, RAW_SAFE_PATTERNS
+from hermes_vllm.schema.spec import pointer
 
 _BOUNDED_STRINGS = frozenset({"minLength", "maxLength", "pattern"})
 _NARROWED_FORMATS = frozenset(f for f, p in FORMAT_PATTERNS.items() if RAW_SAFE_PATTERNS[f] != p)
@@ -48,6 +49,18 @@ def prefers_llguidance(turn: TurnSpec) -> bool:
     return False
 
 
+def _refuse_multiples(turn: TurnSpec) -> None:
+    """A turn llguidance compiles keeps no ``multipleOf`` (1.7 rejects negative multiples)."""
+    for tool in turn.tools:
+        for path, sub in iter_subschemas(tool.parameters):
+            if "multipleOf" in sub:
+                where = pointer(("parameters", *path, "multipleOf"))
+                raise ValueError(
+                    f"tool {tool.name!r}: {where}: 'multipleOf' is enforced on xgrammar only, and this turn "
+                    "needs llguidance (a pattern, format or string length, or a keyword only it enforces)"
+                )
+
+
 class AutoEngine(GrammarEngine):
     name = "auto"
     supported_keywords = XGRAMMAR_KEYWORDS | LLGUIDANCE_KEYWORDS
@@ -63,10 +76,17 @@ class AutoEngine(GrammarEngine):
 
     @classmethod
     def check(cls, turn: TurnSpec) -> None:
-        (LLGuidanceEngine if prefers_llguidance(turn) else XGrammarEngine).check(turn)
+        if prefers_llguidance(turn):
+            _refuse_multiples(turn)
+            LLGuidanceEngine.check(turn)
+        else:
+            XGrammarEngine.check(turn)
 
     def compile(self, turn: TurnSpec) -> EngineGrammar:
-        return (self.llguidance if prefers_llguidance(turn) else self.xgrammar).compile(turn)
+        if prefers_llguidance(turn):
+            _refuse_multiples(turn)
+            return self.llguidance.compile(turn)
+        return self.xgrammar.compile(turn)
 
     def fill_bitmasks(
         self, matchers: Sequence[EngineMatcher], bitmask: torch.Tensor, rows: Sequence[int]
