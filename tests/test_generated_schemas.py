@@ -28,8 +28,16 @@ from hermes_vllm.testing.generated_schemas import FORMS, MODELS, GeneratedTool, 
 
 HERMES = get_dialect("hermes")
 TOOLS = generated_tools()
-OUTLINES_REFUSES = {"CreateTicket": ("maxLength",), "Schedule": ("maximum", "minimum", "maxLength")}
-"""What the outlines engine refuses in the corpus, by name (its documented limits, not shapes)."""
+REFUSES: dict[str, dict[str, tuple[str, ...]]] = {
+    "llguidance": {"PlanMeeting": ("multipleOf",)},
+    "outlines": {
+        "CreateTicket": ("maxLength",),
+        "Schedule": ("maximum", "minimum", "maxLength"),
+        "PlanMeeting": ("multipleOf",),
+    },
+}
+"""What an engine refuses in the corpus, by name: its documented limits (an unbounded integer
+``multipleOf`` is xgrammar's alone; outlines-core has no string lengths or number bounds)."""
 
 
 def _arguments(call: str) -> Any:
@@ -54,10 +62,10 @@ def compilers(tokenizer: Any) -> dict[str, ToolGrammarCompiler]:
 
 @pytest.mark.parametrize("engine", ("xgrammar", "llguidance", "outlines", "auto"))
 def test_every_engine_compiles_the_corpus(compilers: dict[str, ToolGrammarCompiler], engine: str) -> None:
-    """Discriminated unions (a ``oneOf`` of ``$ref`` s) and pydantic's tuples compile everywhere;
-    outlines refuses only its documented keywords, by name."""
+    """Discriminated unions (a ``oneOf`` of ``$ref`` s), pydantic's tuples and sets of enum members
+    compile everywhere; an engine refuses only its documented keywords, by name."""
     for generated in TOOLS:
-        refused = OUTLINES_REFUSES.get(generated.model.__name__, ()) if engine == "outlines" else ()
+        refused = REFUSES.get(engine, {}).get(generated.model.__name__, ())
         if refused:
             with pytest.raises(ValueError, match="|".join(refused)):
                 compilers[engine].compile([generated.tool])

@@ -3,7 +3,8 @@
 Most tool schemas a server sees are made from pydantic models (pydantic-ai, LangChain,
 instructor, the OpenAI Agents SDK, MCP servers), and the client validates the call it gets back
 against the same model. Each model here is of an everyday kind: discriminated unions, recursive
-models, nested and optional models, tuples, enums, literals, defaults, formatted strings. Each
+models, nested and optional models, tuples, enums, literals, sets of enum members, integer
+multiples, defaults, formatted strings. Each
 comes in three forms: ``model_json_schema()`` as pydantic 2 writes it, the same with every
 annotated ``$ref`` wrapped in a one-branch ``allOf`` (what pydantic wrote before 2.9 and other
 generators still write), and ``openai.pydantic_function_tool`` (the SDK's strict form). The judge
@@ -118,7 +119,18 @@ class Schedule(BaseModel):
     events: list[CreateTicket] = []
 
 
-MODELS: tuple[type[BaseModel], ...] = (AdoptPet, AdoptMany, SaveTree, DrawShape, CreateTicket, Schedule)
+class PlanMeeting(BaseModel):
+    """Sets of enum members and literals (``uniqueItems``), minutes in steps of 15 (``multipleOf``)."""
+
+    rooms: set[Color]
+    days: frozenset[Literal["mon", "tue", "wed"]] = frozenset()
+    minutes: int = Field(multiple_of=15)
+    start: int = Field(default=0, multiple_of=15, ge=0, lt=60)
+
+
+MODELS: tuple[type[BaseModel], ...] = (
+    AdoptPet, AdoptMany, SaveTree, DrawShape, CreateTicket, Schedule, PlanMeeting,
+)  # fmt: skip
 
 
 def as_all_of(schema: Any) -> Any:
