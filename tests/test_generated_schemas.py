@@ -11,6 +11,7 @@ that the composed matcher serves) gets every owed call, and the client's model a
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -114,3 +115,36 @@ def test_seeded_worst_case_at_agent_scale(tokenizer: Any) -> None:
         _played(core, tokenizer, tools, target.name, k % 4, SAMPLERS[k % len(SAMPLERS)])
     for sampler in SAMPLERS:
         _played(core, tokenizer, tools, "required", 0, sampler)
+
+
+@pytest.mark.parametrize("exponent", ["9" * 12, "-" + "9" * 12])
+def test_a_long_exponent_is_completed_at_once(exponent: str) -> None:
+    """The ``longest`` sampler on DrawShape's floats writes an exponent's digits for as long as it
+    may; building ``10 ** exponent`` to check the value took minutes from 8 digits on (the sweep
+    stalled in one step). An unbounded number needs no value; a bounded one gives up instead."""
+    unbounded = normalize_tool(next(g for g in TOOLS if g.id == "DrawShape-pydantic").tool)
+    bounded = normalize_tool(
+        {
+            "type": "function",
+            "function": {
+                "name": "b",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"x": {"type": "number", "maximum": 3}},
+                    "required": ["x"],
+                },
+            },
+        }
+    )
+    began = time.perf_counter()
+    done = CallCompleter(HERMES, [(unbounded.name, unbounded.parameters)]).complete(
+        '<tool_call>{"name":"drawshape_pydantic","arguments":{"corner":{"x":1e' + exponent
+    )
+    assert done == ',"y":0},"size":[0,0]}}</tool_call>'
+    assert (
+        CallCompleter(HERMES, [(bounded.name, bounded.parameters)]).complete(
+            '<tool_call>{"name":"b","arguments":{"x":1e' + exponent
+        )
+        is None
+    )
+    assert time.perf_counter() - began < 1.0

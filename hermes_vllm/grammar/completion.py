@@ -43,6 +43,11 @@ _DEPTH = 24
 """``$ref`` chains followed before giving up (recursive schemas)."""
 _NUMBER_DIGITS = 24
 """Digits added to a number before giving up on reaching its range."""
+_NUMERIC = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
+_EXPONENT_DIGITS = 4
+"""Longest exponent whose value is built to check a bounded number: building ``10 ** n`` takes
+seconds from 7 digits on and grows without bound, and a model may write an exponent's digits
+for as long as it likes. Past it the completer does not know (the grammar checks the number)."""
 
 
 class _Unknown(Exception):
@@ -239,6 +244,10 @@ def _extend_number(schema: Mapping[str, Any], written: str, integer: bool) -> st
     accepts: its range (inclusive or exclusive, fractional), ``multipleOf``, integer or not."""
     if any(c in written for c in "eE+"):
         fix = "0" if written[-1] in "eE+-" else ""
+        if not integer and not _NUMERIC.intersection(schema):
+            return fix  # every number fits: its value (10 ** exponent) is never built
+        if len(written.lower().partition("e")[2].lstrip("+-0")) > _EXPONENT_DIGITS:
+            return None
         try:
             value = Fraction(written + fix)
         except ValueError:

@@ -43,10 +43,10 @@ def _trivial(key: str, value: JSON) -> bool:
     )
 
 
-MAX_DIVISOR = 1024
+_MAX_DIVISOR = 1024
 """Largest ``multipleOf`` xgrammar 0.2.8 enforces, the only engine that enforces the keyword."""
-MULTIPLE_OF_REASON = (
-    f'enforced only on "type": "integer" with a whole divisor from 1 to {MAX_DIVISOR} and no range '
+_MULTIPLE_OF_REASON = (
+    f'enforced only on "type": "integer" with a whole divisor from 1 to {_MAX_DIVISOR} and no range '
     "bound beside it (a bounded range of few multiples is spelled out as an enum)"
 )
 _RANGE = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
@@ -60,7 +60,7 @@ def _kept_multiple(sub: dict[str, JSON]) -> bool:
     return (
         sub.get("type") == "integer"
         and whole
-        and 1 <= step <= MAX_DIVISOR
+        and 1 <= step <= _MAX_DIVISOR
         and not any(k in sub for k in _RANGE)
     )
 
@@ -76,7 +76,7 @@ def _misplaced(sub: dict[str, JSON]) -> Iterator[tuple[str, str]]:
             if key != "anyOf" and not all(implied(b, key, sub[key]) for b in branches):
                 yield key, "beside 'anyOf', and not implied by every branch"
     if "multipleOf" in sub and not _kept_multiple(sub):
-        yield "multipleOf", MULTIPLE_OF_REASON
+        yield "multipleOf", _MULTIPLE_OF_REASON
     pattern = sub.get("pattern")
     if isinstance(pattern, str):
         if search_as_full_match(pattern) is None:
