@@ -3,13 +3,19 @@
     python benchmarks/worstcase.py [--sets 4] [--stride 8] [--rotate] [--jobs 2]
                                    [--engines xgrammar llguidance outlines] [--shapes N]
                                    [--samplers ...] [--tokenizer mistral-v1] [--out PATH.json]
-                                   [--write-every N] [--resume] [--runner core|v2-0.33|v2-0.34]
+                                   [--write-every N] [--resume] [--generated]
+                                   [--runner core|v2-0.33|v2-0.34]
 
 Every sampler of :mod:`hermes_vllm.testing.adversary` plays ``required``, named and ``auto`` turns
 over hand-written schemas of each shape the completer covers and ``--sets`` BFCL tool sets, at
 every ``--stride``-th ``max_tokens`` from the turn's reserve to reserve + 64 (``--rotate``: each
 ``max_tokens`` by one sampler, in turn), each run with one of:
 nothing else, ``stop=["\\n\\n"]``, a thinking budget of 6 with vLLM's own thinking budget played.
+With ``--generated`` the shapes are the tools clients generate instead
+(:mod:`hermes_vllm.testing.generated_schemas`: pydantic models, their ``allOf`` form, the openai
+SDK's strict form), each alone, and all of them four times over under other names (a 72-tool set
+that the composed matcher serves on xgrammar); a run is kept only if the client's own model
+(``Model.model_validate``) and jsonschema with format checking accept every call.
 ``--runner`` plays every reply through the processor core (the default) or through the Model Runner
 V2 adapter with its hooks called in 0.33's or 0.34's order (``hermes_vllm.testing.v2_runner``).
 Writes PATH.json (every outcome, the summary by shape and by budget, the core's cost per row per
@@ -19,6 +25,7 @@ step inside and outside the steering window) and PATH.png (kept rate by shape an
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import multiprocessing
@@ -32,11 +39,14 @@ from typing import Any
 from transformers import AutoTokenizer
 
 from hermes_vllm import constraint_args
+from hermes_vllm.dialect import get_dialect
 from hermes_vllm.processor.core import ConstraintCore
+from hermes_vllm.spans import split_spans
 from hermes_vllm.testing import tiny_model_path
 from hermes_vllm.testing.adversary import SAMPLERS, Scenario, V2Driver, run
 from hermes_vllm.testing.corpus import sample_tool_sets
 from hermes_vllm.testing.engine import engine_config
+from hermes_vllm.testing.generated_schemas import GeneratedTool, generated_tools
 
 RESULTS = Path(__file__).parent / "results"
 THINKING = 6
@@ -139,7 +149,22 @@ def _reserve(core: ConstraintCore, tools: list[dict[str, Any]], choice: Any) -> 
     return state.budget.reserve
 
 
+GENERATED = "generated "
+"""Prefix of the ``--generated`` shapes' names."""
+
+
+def _generated() -> dict[str, GeneratedTool]:
+    """Every generated tool by name: the corpus and three renamed copies of it."""
+    tools = [*generated_tools(), *generated_tools("_b"), *generated_tools("_c"), *generated_tools("_d")]
+    return {g.name: g for g in tools}
+
+
 def _shapes(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
+    if args.generated:
+        agent = _generated()
+        shapes = {f"{GENERATED}{g.id}": [g.tool["function"]] for g in generated_tools()}
+        shapes[f"{GENERATED}agent set ({len(agent)} tools)"] = [g.tool["function"] for g in agent.values()]
+        return shapes
     shapes = dict(list(SHAPES.items())[: args.shapes])
     for n, tools in enumerate(sample_tool_sets(args.sets, seed=args.seed)):
         shapes[f"BFCL set {n}"] = [t.get("function", t) for t in tools]
@@ -209,19 +234,36 @@ def _task(
                 vllm_thinking=variant == 2,
             )
             o = run(driver, tokenizer, scenario, sampler, seed=args.seed + args.samplers.index(sampler))
+            client = _client_verdicts(o.text) if shape.startswith(GENERATED) else []
             rows.append(
                 {
                     "engine": engine, "shape": shape, "mode": mode, "sampler": sampler,
                     "offset": offset, "max_tokens": low + offset,
                     "variant": ("plain", "stop", "thinking")[variant],
-                    "kept": o.kept(scenario.thinking_budget), "calls": o.calls, "cut": o.cut,
-                    "invalid": o.invalid, "failed": o.failed, "spans": o.spans,
+                    "kept": o.kept(scenario.thinking_budget) and not client, "calls": o.calls,
+                    "cut": o.cut, "invalid": o.invalid, "client_rejected": client, "failed": o.failed,
+                    "spans": o.spans,
                     "window_steps": o.window_steps, "window_s": o.window_seconds,
                     "other_steps": o.other_steps, "other_s": o.other_seconds,
-                    "text": o.text if not o.kept(scenario.thinking_budget) else "",
+                    "text": o.text if not o.kept(scenario.thinking_budget) or client else "",
                 }
             )  # fmt: skip
     return rows, refused
+
+
+def _client_verdicts(text: str) -> list[str]:
+    """Why the client would reject each closed call of ``text``: its tool's own pydantic model
+    and jsonschema with format checking (empty when both accept every call)."""
+    tools = _worker.setdefault("generated", _generated())
+    out = []
+    for span in split_spans(text, get_dialect("hermes"), strict=True):
+        if span.kind == "call" and span.closed:
+            with contextlib.suppress(ValueError, KeyError):  # not JSON: the adversary's judge says so
+                payload = json.loads(span.body)
+                why = tools[payload["name"]].accepts(payload["arguments"])
+                if why is not None:
+                    out.append(why[:300])
+    return out
 
 
 _SAME = (
@@ -390,6 +432,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS / "worstcase.json")
     parser.add_argument(
         "--resume", action="store_true", help="keep --out's done tasks without failures; play the rest"
+    )
+    parser.add_argument(
+        "--generated",
+        action="store_true",
+        help="the generated-schema corpus (pydantic, allOf, openai strict) instead of the shapes and sets,"
+        " judged by each tool's pydantic model too",
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")

@@ -176,6 +176,8 @@ class TurnBudget:
         self.required = required
         self.close = close
         self.margin = margin
+        if required:
+            _check_reserve(completer, speller, reserve)
         self.reserve = reserve
         """Tokens a call needs at the least, plus the margin (:func:`call_reserve`)."""
         self.lookahead = lookahead
@@ -372,6 +374,22 @@ class TurnBudget:
         if tail.open is not None:
             return self.text[tail.open.start :]
         return self.text[len(self.text) - partial_tag_suffix(self.text, (self.dialect.tool_call.begin,)) :]
+
+
+def _check_reserve(completer: CallCompleter, speller: Speller, reserve: int) -> None:
+    """Refuse an owed call the completer cannot build (``ValueError`` naming tool and path: the
+    frontend refuses it first, with the same words), and fail loudly where the reserve would not
+    hold the shortest call: a turn admitted so could not keep "always"."""
+    shortest = completer.shortest_call(speller.tokens)
+    if shortest is None:
+        where = "; ".join(completer.unknown()) or "no tool has a shortest call"
+        raise ValueError(
+            f"{where}: the call this tool_choice requires could not be promised within max_tokens; "
+            "simplify that schema"
+        )
+    need = speller.tokens(shortest)
+    if reserve < need:
+        raise AssertionError(f"reserve {reserve} tokens is below the shortest call's {need}: {shortest!r}")
 
 
 def call_reserve(shortest: str | None, close: bool, speller: Speller, margin: int) -> int:

@@ -29,12 +29,13 @@ import jsonschema
 from hermes_vllm.dialect import Dialect
 from hermes_vllm.grammar.pattern import shortest_completion
 from hermes_vllm.memo import TextKeyed
+from hermes_vllm.schema.formats import formats_as_patterns
 
 Schema = Any
 Measure = Callable[[str], int]
 """How long a text is: characters (the default) or a vocabulary's tokens."""
 _WS = " \t\n\r"
-_UNSUPPORTED = frozenset({"patternProperties", "format"})
+_UNSUPPORTED = frozenset({"patternProperties"})
 _CHECKED = ("oneOf", "allOf", "not")
 """Kept by the rewrites only where they could not be turned into ``anyOf`` or merged: the shortest
 value is built from the rest of the schema (``oneOf``: each branch) and checked against it whole."""
@@ -42,6 +43,11 @@ _DEPTH = 24
 """``$ref`` chains followed before giving up (recursive schemas)."""
 _NUMBER_DIGITS = 24
 """Digits added to a number before giving up on reaching its range."""
+_NUMERIC = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
+_EXPONENT_DIGITS = 4
+"""Longest exponent whose value is built to check a bounded number: building ``10 ** n`` takes
+seconds from 7 digits on and grows without bound, and a model may write an exponent's digits
+for as long as it likes. Past it the completer does not know (the grammar checks the number)."""
 
 
 class _Unknown(Exception):
@@ -128,20 +134,20 @@ def _shortest(schema: Schema, ctx: _Ctx, depth: int = 0) -> str:
 
 def _checked_shortest(schema: Mapping[str, Any], ctx: _Ctx, depth: int) -> str:
     """``oneOf`` / ``allOf`` / ``not`` the rewrites left: candidates built from the schema's
-    other keywords and from each branch, the shortest that the whole schema accepts."""
+    other keywords and from each branch, the shortest that the whole schema accepts. The check
+    runs where the schema sits in the call's root, so that a branch's ``$ref`` (pydantic's
+    discriminated unions are a ``oneOf`` of them) resolves as the completer resolved it."""
     plain = {k: v for k, v in schema.items() if k not in _CHECKED}
     candidates: list[str] = []
     for branch in [*schema.get("oneOf", ()), *schema.get("allOf", ()), plain]:
         with suppress(_Unknown):
             merged = dict(plain, **branch) if isinstance(branch, Mapping) and branch is not plain else plain
             candidates.append(_shortest(merged, ctx, depth + 1))
-    whole = dict(schema)
-    if ctx.root is not None and isinstance(ctx.root, Mapping):
-        whole.setdefault("$defs", ctx.root.get("$defs", {}))
+    validator = jsonschema.Draft202012Validator(ctx.root).evolve(schema=schema)
     valid = []
     for text in candidates:
         with suppress(jsonschema.exceptions.SchemaError, jsonschema.exceptions.RefResolutionError):
-            if jsonschema.Draft202012Validator(whole).is_valid(json.loads(text)):
+            if validator.is_valid(json.loads(text)):
                 valid.append(text)
     if not valid:
         raise _Unknown(f"no candidate satisfies {sorted(k for k in _CHECKED if k in schema)[0]}")
@@ -238,6 +244,10 @@ def _extend_number(schema: Mapping[str, Any], written: str, integer: bool) -> st
     accepts: its range (inclusive or exclusive, fractional), ``multipleOf``, integer or not."""
     if any(c in written for c in "eE+"):
         fix = "0" if written[-1] in "eE+-" else ""
+        if not integer and not _NUMERIC.intersection(schema):
+            return fix  # every number fits: its value (10 ** exponent) is never built
+        if len(written.lower().partition("e")[2].lstrip("+-0")) > _EXPONENT_DIGITS:
+            return None
         try:
             value = Fraction(written + fix)
         except ValueError:
@@ -483,12 +493,14 @@ def _read_string(text: str, i: int, min_length: int) -> Iterator[_Read]:
 
 def _pattern_suffix(schema: Mapping[str, Any], written: str) -> str:
     """The shortest string body (JSON-escaped) that finishes ``written`` under the schema's
-    ``pattern``; coverage refuses a length bound beside a pattern, so none is honoured here."""
-    if "minLength" in schema or "maxLength" in schema:
-        raise _Unknown("pattern with a length bound")
+    ``pattern``. A length bound beside it (only an enforced ``format`` keeps one, on llguidance)
+    is checked, not searched: the pattern's shortest completion is the answer when it fits."""
     suffix = shortest_completion(schema["pattern"], written)
     if suffix is None:
         raise _Unknown("pattern")
+    length = len(written) + len(suffix)
+    if length < schema.get("minLength", 0) or length > schema.get("maxLength", length):
+        raise _Unknown("pattern with a length bound")
     return _dumps(suffix)[1:-1]
 
 
@@ -793,7 +805,7 @@ class CallCompleter:
 
     def __init__(self, dialect: Dialect, tools: Sequence[tuple[str, Schema]]) -> None:
         self.dialect = dialect
-        self.tools = [(n, _root_ref_fix(p)) for n, p in tools]
+        self.tools = [(n, formats_as_patterns(_root_ref_fix(p))) for n, p in tools]
         self._envelopes = _envelopes(dialect, self.tools)
         self._completions: TextKeyed[tuple[str, Measure], str | None] = TextKeyed(_CACHED_CHARS)
 

@@ -43,6 +43,28 @@ def _trivial(key: str, value: JSON) -> bool:
     )
 
 
+_MAX_DIVISOR = 1024
+"""Largest ``multipleOf`` xgrammar 0.2.8 enforces, the only engine that enforces the keyword."""
+_MULTIPLE_OF_REASON = (
+    f'enforced only on "type": "integer" with a whole divisor from 1 to {_MAX_DIVISOR} and no range '
+    "bound beside it (a bounded range of few multiples is spelled out as an enum)"
+)
+_RANGE = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+
+def _kept_multiple(sub: dict[str, JSON]) -> bool:
+    """Whether xgrammar keeps this ``multipleOf``: past 1024, on another type or beside a range
+    bound it drops the keyword ("range + multipleOf combination not yet supported")."""
+    step = sub["multipleOf"]
+    whole = isinstance(step, int | float) and not isinstance(step, bool) and float(step).is_integer()
+    return (
+        sub.get("type") == "integer"
+        and whole
+        and 1 <= step <= _MAX_DIVISOR
+        and not any(k in sub for k in _RANGE)
+    )
+
+
 def _misplaced(sub: dict[str, JSON]) -> Iterator[tuple[str, str]]:
     """Keywords that engines ignore because of their siblings (those :func:`make_explicit` left), and why."""
     assertions = [k for k in assertion_keywords(sub) if not _trivial(k, sub[k])]
@@ -53,6 +75,8 @@ def _misplaced(sub: dict[str, JSON]) -> Iterator[tuple[str, str]]:
         for key in assertions:
             if key != "anyOf" and not all(implied(b, key, sub[key]) for b in branches):
                 yield key, "beside 'anyOf', and not implied by every branch"
+    if "multipleOf" in sub and not _kept_multiple(sub):
+        yield "multipleOf", _MULTIPLE_OF_REASON
     pattern = sub.get("pattern")
     if isinstance(pattern, str):
         if search_as_full_match(pattern) is None:

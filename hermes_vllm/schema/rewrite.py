@@ -15,12 +15,16 @@ import copy
 import itertools
 import json
 import logging
+import math
 import re
 from collections.abc import Sequence
+from contextlib import suppress
+from fractions import Fraction
 from typing import Any
 
 from jsonschema import Draft202012Validator
 
+from hermes_vllm.schema.formats import keep_enforced_formats
 from hermes_vllm.schema.spec import JSON, ToolSchemaError, pointer
 from hermes_vllm.schema.tree import CONSTRAINING, depth, iter_subschemas, resolve_ref
 from hermes_vllm.settings import Limits
@@ -184,17 +188,55 @@ def _disjoint(a: tuple[str, Any], b: tuple[str, Any]) -> bool:
     return all(not (_value_types(v) & types) for v in values)
 
 
+def _tag_values(branch: JSON, root: JSON, key: str) -> tuple[str, Any] | None:
+    """What an object-only branch requires property ``key`` to be (its :func:`_domain`); None when
+    the branch admits a non-object or does not require ``key``."""
+    if isinstance(branch, dict) and isinstance(branch.get("$ref"), str):
+        try:
+            branch = resolve_ref(root, branch["$ref"])
+        except LookupError:
+            return None
+    if not isinstance(branch, dict) or declared_types(branch) != {"object"}:
+        return None
+    properties = branch.get("properties")
+    if key not in branch.get("required", ()) or not isinstance(properties, dict):
+        return None
+    domain = _domain(properties.get(key), root)
+    return domain if domain is not None and domain[0] == "values" else None
+
+
+def _discriminated(branches: list[JSON], root: JSON) -> bool:
+    """Whether every branch is an object that requires one same property with values no other
+    branch's admits: pydantic's discriminated unions (``Field(discriminator=...)``), a ``oneOf``
+    of ``$ref`` s whose ``const`` tags differ, so no instance matches two branches."""
+    first = branches[0] if branches else None
+    if isinstance(first, dict) and isinstance(first.get("$ref"), str):
+        with suppress(LookupError):
+            first = resolve_ref(root, first["$ref"])
+    keys = first.get("required", []) if isinstance(first, dict) else []
+    for key in (k for k in keys if isinstance(k, str)):
+        tags = [_tag_values(b, root, key) for b in branches]
+        known = [t for t in tags if t is not None]
+        if len(known) == len(tags) and all(
+            _disjoint(a, b) for i, a in enumerate(known) for b in known[i + 1 :]
+        ):
+            return True
+    return False
+
+
 def _one_of_as_any_of(schema: JSON) -> None:
-    """``oneOf`` whose branches cannot overlap (disjoint types or values) means ``anyOf``."""
+    """``oneOf`` whose branches cannot overlap (disjoint types or values, or a required tag
+    property with disjoint values) means ``anyOf``."""
     for _, sub in iter_subschemas(schema):
         branches = sub.get("oneOf")
         if not isinstance(branches, list) or "anyOf" in sub:
             continue
         domains = [_domain(b, schema) for b in branches]
         known = [d for d in domains if d is not None]
-        if len(known) == len(domains) and all(
+        disjoint = len(known) == len(domains) and all(
             _disjoint(a, b) for i, a in enumerate(known) for b in known[i + 1 :]
-        ):
+        )
+        if disjoint or _discriminated(branches, schema):
             sub["anyOf"] = sub.pop("oneOf")
 
 
@@ -230,6 +272,122 @@ def _explicit_types(schema: JSON) -> None:
     for path, sub in iter_subschemas(schema):
         if path and "type" not in sub and "$ref" not in sub and _TYPED & sub.keys():
             sub["type"] = list(JSON_TYPES)
+
+
+FINITE_MULTIPLES = 256
+"""Most values a bounded integer ``multipleOf`` may have to be spelled out as an ``enum``."""
+_RANGE = frozenset({"type", "multipleOf", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
+
+
+def _integer_bounds(sub: dict[str, JSON]) -> tuple[int | None, int | None]:
+    """The least and the greatest integer the range keywords admit (None where unbounded)."""
+    low: int | None = None
+    high: int | None = None
+    for key, exclusive, upper in (
+        ("minimum", False, False), ("exclusiveMinimum", True, False),
+        ("maximum", False, True), ("exclusiveMaximum", True, True),
+    ):  # fmt: skip
+        value = sub.get(key)
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            continue
+        exact = Fraction(str(value))
+        if upper:
+            n = math.ceil(exact) - 1 if exclusive else math.floor(exact)
+            high = n if high is None else min(high, n)
+        else:
+            n = math.floor(exact) + 1 if exclusive else math.ceil(exact)
+            low = n if low is None else max(low, n)
+    return low, high
+
+
+def _finite_multiples(schema: JSON) -> None:
+    """An integer ``multipleOf`` in a bounded range is a finite set: an ``enum`` of its values.
+
+    Every engine enforces an ``enum`` (xgrammar alone enforces ``multipleOf``, and only up to a
+    divisor of 1024). Exact for ``"type": "integer"`` with both bounds and nothing else beside
+    (annotations aside), up to :data:`FINITE_MULTIPLES` values; an empty set stays as it is, for
+    the satisfiability check to name.
+    """
+    for _, sub in iter_subschemas(schema):
+        step = sub.get("multipleOf")
+        if sub.get("type") != "integer" or not set(sub) - ANNOTATIONS <= _RANGE:
+            continue
+        if not isinstance(step, int | float) or isinstance(step, bool) or step <= 0:
+            continue
+        low, high = _integer_bounds(sub)
+        if low is None or high is None:
+            continue
+        unit = Fraction(str(step))
+        first, last = math.ceil(low / unit), math.floor(high / unit)
+        if not 0 < last - first + 1 <= FINITE_MULTIPLES:
+            continue
+        values = [v * unit for v in range(first, last + 1) if (v * unit).denominator == 1]
+        if values:
+            for key in _RANGE:
+                sub.pop(key, None)
+            sub["enum"] = [int(v) for v in values]
+
+
+UNIQUE_ARRAYS = 100
+"""Most arrays of distinct members an ``enum``'s ``uniqueItems`` array may be spelled out as."""
+_UNIQUE = frozenset({"type", "items", "uniqueItems", "minItems", "maxItems"})
+
+
+def _unique_members(schema: JSON) -> None:
+    """An array of distinct members of a small ``enum`` (pydantic's ``set[Enum]``,
+    ``set[Literal[...]]``) is a finite set of arrays: an ``anyOf`` of closed tuples, one per
+    ordered choice of distinct members within ``minItems``/``maxItems``.
+
+    No engine enforces ``uniqueItems``; spelled out, every engine does. Exact where the items'
+    schema (through a ``$ref`` too) is an ``enum``/``const`` with nothing beside it but ``type``
+    and annotations, up to :data:`UNIQUE_ARRAYS` arrays (4 members make 65).
+    """
+    for _, sub in iter_subschemas(schema):
+        if (
+            sub.get("uniqueItems") is not True
+            or sub.get("type") != "array"
+            or set(sub) - ANNOTATIONS - _UNIQUE
+        ):
+            continue
+        items = sub.get("items")
+        if isinstance(items, dict) and isinstance(items.get("$ref"), str) and len(items) == 1:
+            with suppress(LookupError):
+                items = resolve_ref(schema, items["$ref"])
+        if not isinstance(items, dict) or set(items) - ANNOTATIONS - {"type", "enum", "const"}:
+            continue
+        members = [items["const"]] if "const" in items else items.get("enum")
+        if not isinstance(members, list):
+            continue
+        check = Draft202012Validator({k: v for k, v in items.items() if k not in ANNOTATIONS})
+        members = list({value_key(m): m for m in members if check.is_valid(m)}.values())
+        low, high = sub.get("minItems", 0), min(sub.get("maxItems", len(members)), len(members))
+        if not isinstance(low, int) or not isinstance(high, int):
+            continue
+        counts = [math.perm(len(members), k) for k in range(low, high + 1)]
+        if not 0 < sum(counts) <= UNIQUE_ARRAYS:
+            continue
+        tuples = [c for k in range(low, high + 1) for c in itertools.permutations(members, k)]
+        for key in _UNIQUE:
+            sub.pop(key, None)
+        sub["anyOf"] = [structure_of(list(c), any_order=False) for c in tuples]
+
+
+def _closed_tuples(schema: JSON) -> None:
+    """A ``prefixItems`` tuple whose ``maxItems`` admits no item past it says ``items: false``.
+
+    pydantic writes ``tuple[int, str]`` so (``minItems`` = ``maxItems`` = 2, no ``items``); said
+    outright, engines that take only closed tuples (outlines-core) compile it. Exact: no item can
+    follow the prefix anyway.
+    """
+    for _, sub in iter_subschemas(schema):
+        prefix, most = sub.get("prefixItems"), sub.get("maxItems")
+        if (
+            isinstance(prefix, list)
+            and isinstance(most, int)
+            and most <= len(prefix)
+            and sub.get("items", True) is True
+        ):
+            sub["items"] = False
 
 
 def open_containers(schema: JSON) -> None:
@@ -483,12 +641,6 @@ def _full_match_patterns(schema: JSON) -> None:
             sub["pattern"] = rewritten
 
 
-def _drop_formats(schema: JSON) -> None:
-    """``format`` is an annotation in 2020-12; engines that enforce it reject valid strings."""
-    for _, sub in iter_subschemas(schema):
-        sub.pop("format", None)
-
-
 # The meta-data and content vocabularies of 2020-12: they annotate and never constrain.
 ANNOTATIONS = frozenset(
     {
@@ -587,9 +739,12 @@ def make_explicit(tool: str, schema: JSON, max_depth: int = Limits.max_schema_de
     _one_of_as_any_of(schema)
     _distribute_any_of(schema)
     _explicit_types(schema)
+    _finite_multiples(schema)
+    _unique_members(schema)
+    _closed_tuples(schema)
     open_containers(schema)
     _declare_required(tool, schema)
     _values_as_structure(schema, _filter_values(tool, schema), max_depth)
     _full_match_patterns(schema)
-    _drop_formats(schema)
+    keep_enforced_formats(schema)
     _drop_annotations(schema)

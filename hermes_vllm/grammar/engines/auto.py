@@ -8,7 +8,12 @@ xgrammar has the fastest masks, but, measured here (xgrammar 0.2.8):
 - a string with ``minLength``, ``maxLength`` or ``pattern`` admits no JSON escape, so a valid value
   holding a quote, a backslash or a newline cannot be written (tests/test_grammar_soundness.py);
 - it cannot enforce some keywords llguidance can (``patternProperties``, an ``allOf`` or ``oneOf``
-  the schema rewrites cannot turn into something simpler).
+  the schema rewrites cannot turn into something simpler);
+- its pattern for an e-mail address leaves quoted local parts out (``"joe bloggs"@example.com``:
+  see :data:`hermes_vllm.schema.formats.RAW_SAFE_PATTERNS`), and the patterns with long counted
+  repeats compile slowly for the same reason as a length bound: on the 131k vocabulary a
+  ``hostname`` (labels of up to 63 characters) takes 1.5 s and a ``uri`` 0.17 s, against 0.01 s
+  on llguidance; the other formats take 0.01-0.03 s on either.
 
 A turn whose tools hold one of these is compiled by llguidance, every other turn by xgrammar.
 Both accept the same turn language, so a batch may mix them.
@@ -27,18 +32,38 @@ from hermes_vllm.grammar.engines.llguidance import LLGUIDANCE_KEYWORDS, LLGuidan
 from hermes_vllm.grammar.engines.xgrammar import XGRAMMAR_KEYWORDS, XGrammarEngine, XGrammarMatcher
 from hermes_vllm.grammar.turn import TurnSpec
 from hermes_vllm.schema import CONSTRAINING, iter_subschemas
+from hermes_vllm.schema.formats import FORMAT_PATTERNS, RAW_SAFE_PATTERNS
+from hermes_vllm.schema.spec import pointer
 
 _BOUNDED_STRINGS = frozenset({"minLength", "maxLength", "pattern"})
+_LLGUIDANCE_FORMATS = frozenset(
+    {"hostname", "uri", *(f for f, p in FORMAT_PATTERNS.items() if RAW_SAFE_PATTERNS[f] != p)}
+)
+"""Formats whose pattern xgrammar compiles slowly or narrower than the format (see above)."""
 
 
 def prefers_llguidance(turn: TurnSpec) -> bool:
     """Whether ``turn`` holds a bounded string or a keyword only llguidance enforces."""
     for tool in turn.tools:
         for _, sub in iter_subschemas(tool.parameters):
+            if sub.get("format") in _LLGUIDANCE_FORMATS:
+                return True
             for key in sub:
                 if key in _BOUNDED_STRINGS or (key in CONSTRAINING and key not in XGRAMMAR_KEYWORDS):
                     return True
     return False
+
+
+def _refuse_multiples(turn: TurnSpec) -> None:
+    """A turn llguidance compiles keeps no ``multipleOf`` (1.7 rejects negative multiples)."""
+    for tool in turn.tools:
+        for path, sub in iter_subschemas(tool.parameters):
+            if "multipleOf" in sub:
+                where = pointer(("parameters", *path, "multipleOf"))
+                raise ValueError(
+                    f"tool {tool.name!r}: {where}: 'multipleOf' is enforced on xgrammar only, and this turn "
+                    "needs llguidance (a pattern, format or string length, or a keyword only it enforces)"
+                )
 
 
 class AutoEngine(GrammarEngine):
@@ -56,10 +81,17 @@ class AutoEngine(GrammarEngine):
 
     @classmethod
     def check(cls, turn: TurnSpec) -> None:
-        (LLGuidanceEngine if prefers_llguidance(turn) else XGrammarEngine).check(turn)
+        if prefers_llguidance(turn):
+            _refuse_multiples(turn)
+            LLGuidanceEngine.check(turn)
+        else:
+            XGrammarEngine.check(turn)
 
     def compile(self, turn: TurnSpec) -> EngineGrammar:
-        return (self.llguidance if prefers_llguidance(turn) else self.xgrammar).compile(turn)
+        if prefers_llguidance(turn):
+            _refuse_multiples(turn)
+            return self.llguidance.compile(turn)
+        return self.xgrammar.compile(turn)
 
     def fill_bitmasks(
         self, matchers: Sequence[EngineMatcher], bitmask: torch.Tensor, rows: Sequence[int]

@@ -60,6 +60,7 @@ from outlines_core.json_schema import build_regex_from_schema
 from hermes_vllm.grammar.engines.base import EngineGrammar, EngineMatcher, GrammarEngine, set_token_allowed
 from hermes_vllm.grammar.turn import LEAD_WHITESPACE, TurnSpec
 from hermes_vllm.schema import CONSTRAINING, ToolSpec, canonical_value, iter_subschemas
+from hermes_vllm.schema.formats import formats_as_patterns
 from hermes_vllm.schema.spec import pointer
 
 logger = logging.getLogger(__name__)
@@ -168,7 +169,8 @@ def _ws(n: int) -> str:
 def _call_body(tool: ToolSpec, order: str, max_ws: int) -> str:
     """``{"name": N, "arguments": ARGS}`` (or arguments first) with bounded whitespace."""
     ws = _ws(max_ws)
-    args = build_regex_from_schema(json.dumps(_for_outlines(tool.parameters)), ws)
+    schema = _for_outlines(formats_as_patterns(tool.parameters, raw_safe=True))
+    args = build_regex_from_schema(json.dumps(schema), ws)
     name = f'"name"{ws}:{ws}{_escape(json.dumps(tool.name, ensure_ascii=False))}'
     if order == "name_first":
         return f'\\{{{ws}{name}{ws},{ws}"arguments"{ws}:{ws}(?:{args}){ws}\\}}'

@@ -48,6 +48,7 @@ from hermes_vllm.grammar.pattern import literal_characters
 from hermes_vllm.grammar.turn import LEAD_WHITESPACE, TurnSpec
 from hermes_vllm.memo import memoize_small
 from hermes_vllm.schema import canonical_json, canonical_value, iter_subschemas
+from hermes_vllm.schema.formats import formats_as_patterns
 from hermes_vllm.schema.spec import pointer
 from hermes_vllm.settings import get_limits
 
@@ -55,15 +56,16 @@ from hermes_vllm.settings import get_limits
 # schema.make_explicit has spelled out types and defaults, and schema.uncovered_keywords refuses
 # them where they sit beside '$ref'/'anyOf' or combine 'pattern' with lengths. Left out because
 # xgrammar silently ignores or mis-enforces them: uniqueItems, not, if/then/else, oneOf/allOf
-# (unless rewritten), dependent*, contains, propertyNames, unevaluated*; multipleOf (ignored
-# except for type integer with an integer divisor <= 1024); patternProperties (patterns taken as
-# whole-key matches, '^'/'$' break them, and beside 'properties' no key is accepted at all).
+# (unless rewritten), dependent*, contains, propertyNames, unevaluated*; patternProperties
+# (patterns taken as whole-key matches, '^'/'$' break them, and beside 'properties' no key is
+# accepted at all). multipleOf is enforced exactly for type integer with a whole divisor up to
+# 1024 and no range bound beside it, and ignored elsewhere: schema.coverage refuses it there.
 XGRAMMAR_KEYWORDS = frozenset(
     {
         "type", "enum", "const", "properties", "required", "additionalProperties",
         "items", "prefixItems", "minItems", "maxItems", "minLength", "maxLength", "pattern",
         "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "anyOf",
-        "$ref", "$defs", "definitions", "minProperties", "maxProperties",
+        "$ref", "$defs", "definitions", "minProperties", "maxProperties", "multipleOf",
     }
 )  # fmt: skip
 
@@ -97,7 +99,10 @@ def _schema_rules(schema: str, max_whitespace: int) -> tuple[Mapping[str, str], 
     """xgrammar's JSON-schema conversion of one tool's parameters (canonical JSON text): its rules
     by name, and which of them are its basic JSON rules or reached from them. Memoised: agents'
     tool sets shift by a tool or two and share tools with each other, and converting is ~1 ms a
-    tool (a third of our share of a 400-tool compile)."""
+    tool (a third of our share of a 400-tool compile). An enforced ``format`` becomes its pattern
+    here (xgrammar's own format grammars reject valid strings)."""
+    if '"format"' in schema:
+        schema = json.dumps(formats_as_patterns(json.loads(schema), raw_safe=True), ensure_ascii=False)
     if max_whitespace == 0:  # xgrammar refuses a count of 0: compact JSON is its own option
         grammar = xgr.Grammar.from_json_schema(
             schema, any_whitespace=False, separators=(",", ":"), strict_mode=True

@@ -1,0 +1,116 @@
+"""Integer ``multipleOf`` (issue 28, item 2): pydantic's ``conint(multiple_of=...)``.
+
+Unbounded, the multiples of an integer are a regular language of decimal strings, which xgrammar
+enforces exactly for divisors up to 1024 (``auto`` sends such a turn there); in a bounded range
+they are a finite set, spelled as an ``enum`` that every engine enforces. What neither covers is
+refused by name.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import pytest
+from pydantic import BaseModel, Field
+
+from hermes_vllm import constraint_args
+from hermes_vllm.dialect import get_dialect
+from hermes_vllm.grammar import ToolGrammarCompiler, ToolSchemaError
+from hermes_vllm.processor.core import ConstraintCore
+from hermes_vllm.schema import normalize_tool
+from hermes_vllm.spans import split_spans
+from hermes_vllm.testing.adversary import SAMPLERS, Scenario, run
+from hermes_vllm.testing.soundness import tool
+
+
+class Order(BaseModel):
+    """Quantities in packs of 15, and a minute on the quarter hour."""
+
+    quantity: Annotated[int, Field(multiple_of=15)]
+    minute: Annotated[int, Field(multiple_of=15, ge=0, lt=60)] = 0
+
+
+ORDER = {"type": "function", "function": {"name": "order", "parameters": Order.model_json_schema()}}
+
+
+def call(value: Any) -> str:
+    return f'<tool_call>{{"name": "t", "arguments": {json.dumps({"v": value})}}}</tool_call>'
+
+
+def one_integer(schema: dict[str, Any]) -> dict[str, Any]:
+    return tool({"type": "object", "properties": {"v": schema}, "required": ["v"]}, "t")
+
+
+@pytest.mark.parametrize("engine", ("xgrammar", "auto"))
+@pytest.mark.parametrize("divisor", (15, 7, 1024))
+def test_unbounded_multiples_are_enforced(tokenizer: Any, engine: str, divisor: int) -> None:
+    grammar = ToolGrammarCompiler(tokenizer, engine=engine).compile(
+        [one_integer({"type": "integer", "multipleOf": divisor})]
+    )
+    for n in (0, 1, -1, 2, 123456789):
+        assert grammar.matcher().accepts_text(call(n * divisor)), n * divisor
+        assert not grammar.matcher().accepts_text(call(n * divisor + 1)), n * divisor + 1
+
+
+def test_a_bounded_range_of_multiples_is_a_finite_set() -> None:
+    spec = normalize_tool(
+        one_integer({"type": "integer", "multipleOf": 15, "minimum": -30, "exclusiveMaximum": 60})
+    )
+    assert spec.parameters["properties"]["v"] == {"enum": [-30, -15, 0, 15, 30, 45]}
+
+
+@pytest.mark.parametrize("engine", ("llguidance", "outlines"))
+def test_every_engine_enforces_a_bounded_range_of_multiples(tokenizer: Any, engine: str) -> None:
+    grammar = ToolGrammarCompiler(tokenizer, engine=engine).compile(
+        [one_integer({"type": "integer", "multipleOf": 15, "minimum": 0, "maximum": 59})]
+    )
+    assert [n for n in range(-20, 80) if grammar.matcher().accepts_text(call(n))] == [0, 15, 30, 45]
+
+
+@pytest.mark.parametrize(
+    ("engine", "schema", "words"),
+    [
+        ("xgrammar", {"type": "integer", "multipleOf": 1025}, "whole divisor from 1 to 1024"),
+        ("xgrammar", {"type": "integer", "multipleOf": 15, "minimum": 0, "maximum": 10**6}, "no range"),
+        ("xgrammar", {"type": "number", "multipleOf": 0.5}, '"type": "integer"'),
+        ("auto", {"type": "integer", "multipleOf": 15, "maximum": 10**6}, "no range"),
+        ("llguidance", {"type": "integer", "multipleOf": 15}, "cannot enforce"),
+    ],
+)
+def test_what_no_engine_keeps_is_refused_by_name(
+    tokenizer: Any, engine: str, schema: dict[str, Any], words: str
+) -> None:
+    """Strict coverage names it (xgrammar silently drops these); lenient coverage strips it."""
+    compiler = ToolGrammarCompiler(tokenizer, engine=engine)
+    with pytest.raises(ToolSchemaError, match=words) as refused:
+        compiler.compile([one_integer(schema)])
+    assert "'multipleOf' at parameters/properties/v" in str(refused.value)
+    assert compiler.prepare([one_integer(schema)], coverage="lenient").needs_validation
+
+
+def test_auto_refuses_a_multiple_in_a_turn_llguidance_must_compile(tokenizer: Any) -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "n": {"type": "integer", "multipleOf": 15},
+            "e": {"type": "string", "format": "email"},
+        },
+    }
+    with pytest.raises(ValueError, match="needs llguidance"):
+        ToolGrammarCompiler(tokenizer, engine="auto").compile([tool(schema, "t")])
+
+
+def test_worst_case_calls_satisfy_the_clients_own_model(tokenizer: Any) -> None:
+    """Every sampler, ``required`` and named, from the reserve up: ``Order.model_validate``
+    accepts each call (the tool was refused before)."""
+    core = ConstraintCore(lambda: tokenizer, len(tokenizer), engine="auto")
+    state = core.admit(constraint_args([ORDER], "required"), [], max_tokens=1000)
+    assert state is not None and state.budget is not None
+    for sampler in SAMPLERS:
+        for choice, extra in (("required", 0), ("order", 5), ("required", 30)):
+            outcome = run(core, tokenizer, Scenario([ORDER], choice, state.budget.reserve + extra), sampler)
+            assert outcome.kept(None), (sampler, choice, extra, outcome)
+            for span in split_spans(outcome.text, get_dialect("hermes"), strict=True):
+                if span.kind == "call":
+                    Order.model_validate(json.loads(span.body)["arguments"])

@@ -1,0 +1,240 @@
+"""String formats enforced on every engine (issue 28, item 1).
+
+The JSON-Schema-Test-Suite's ``optional/format`` files (from the pinned ``jsonschema`` sdist) go
+through each engine's compiled grammar as a call's argument: every valid instance is accepted,
+and every invalid one is rejected except where a format's pattern is documented as wider
+(:data:`WIDER`). The completer's shortest values are valid for the format and for the pydantic
+type that emits it, and the worst-case samplers, judged by the client's own pydantic model, get a
+valid call at every budget from the reserve up.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import json
+import re
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jsonschema import Draft202012Validator
+from pydantic import AnyUrl, BaseModel, EmailStr, HttpUrl, TypeAdapter
+
+from hermes_vllm import constraint_args
+from hermes_vllm.dialect import get_dialect
+from hermes_vllm.grammar import ToolGrammarCompiler
+from hermes_vllm.grammar.completion import CallCompleter
+from hermes_vllm.grammar.pattern import literal_characters
+from hermes_vllm.processor.core import ConstraintCore
+from hermes_vllm.schema import normalize_tool
+from hermes_vllm.schema.formats import FORMAT_PATTERNS, RAW_SAFE_PATTERNS
+from hermes_vllm.spans import split_spans
+from hermes_vllm.testing.adversary import SAMPLERS, Scenario, run
+from hermes_vllm.testing.corpus import SUITE_DRAFT, corpus_dir, load_suite_file
+from hermes_vllm.testing.soundness import tool
+
+ENFORCED = ("date-time", "date", "time", "duration", "email", "hostname", "ipv4", "ipv6", "uuid", "uri")
+"""OpenAI strict mode's formats and ``uri``: the ones the issue asks for, each with a suite file."""
+ENGINES = ("xgrammar", "llguidance", "outlines", "auto")
+WIDER = {
+    "date-time": {"1998-12-31T23:58:60Z", "1998-12-31T22:59:60Z"},
+    "time": {
+        "22:59:60Z", "23:58:60Z", "22:59:60+00:00", "23:58:60+00:00", "23:59:60+01:00",
+        "23:59:60+00:30", "23:59:60-01:00", "23:59:60-00:30",
+    },
+}  # fmt: skip
+"""Invalid instances a pattern admits: a leap second at a minute that is not 23:59 in UTC."""
+QUOTED_LOCAL = {'"joe bloggs"@example.com', '"joe..bloggs"@example.com', '"joe@bloggs"@example.com'}
+"""Valid addresses the engines that match a pattern against JSON text cannot spell."""
+PYDANTIC_TYPES: dict[str, Any] = {
+    "date-time": datetime.datetime,
+    "date": datetime.date,
+    "time": datetime.time,
+    "duration": datetime.timedelta,
+    "email": EmailStr,
+    "ipv4": ipaddress.IPv4Address,
+    "ipv6": ipaddress.IPv6Address,
+    "uuid": uuid.UUID,
+    "uri": AnyUrl,
+}
+HERMES = get_dialect("hermes")
+
+
+def suite_cases(name: str) -> list[tuple[str, bool]]:
+    """The string instances of one ``optional/format`` file, with their labels."""
+    path = (
+        corpus_dir()
+        / "json-schema-test-suite"
+        / "tests"
+        / SUITE_DRAFT
+        / "optional"
+        / "format"
+        / f"{name}.json"
+    )
+    return [
+        (test["data"], test["valid"])
+        for group in load_suite_file(Path(path))
+        for test in group["tests"]
+        if isinstance(test["data"], str)
+    ]
+
+
+def one_string_tool(schema: dict[str, Any]) -> dict[str, Any]:
+    return tool({"type": "object", "properties": {"v": schema}, "required": ["v"]}, "t")
+
+
+def call(value: str) -> str:
+    return f'<tool_call>{{"name": "t", "arguments": {json.dumps({"v": value})}}}</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def compilers(tokenizer: Any) -> dict[str, ToolGrammarCompiler]:
+    return {engine: ToolGrammarCompiler(tokenizer, engine=engine) for engine in ENGINES}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("name", ENFORCED)
+def test_suite_format_file_on_every_engine(
+    compilers: dict[str, ToolGrammarCompiler], engine: str, name: str
+) -> None:
+    grammar = compilers[engine].compile([one_string_tool({"type": "string", "format": name})])
+    cases = suite_cases(name)
+    assert cases, name
+    narrowed = engine in ("xgrammar", "outlines") and name == "email"
+    expected_rejected = QUOTED_LOCAL if narrowed else set()
+    rejected_valid = {v for v, valid in cases if valid and not grammar.matcher().accepts_text(call(v))}
+    accepted_invalid = {v for v, valid in cases if not valid and grammar.matcher().accepts_text(call(v))}
+    assert rejected_valid == expected_rejected, (engine, name)
+    assert accepted_invalid == WIDER.get(name, set()), (engine, name)
+
+
+@pytest.mark.parametrize("name", sorted(FORMAT_PATTERNS))
+def test_raw_safe_patterns_name_no_quote_or_backslash(name: str) -> None:
+    """xgrammar and outlines-core paste a pattern into the JSON text: a quote there ends the string."""
+    assert not literal_characters(RAW_SAFE_PATTERNS[name]) & {'"', "\\"}
+    assert literal_characters(FORMAT_PATTERNS["email"]) & {'"', "\\"}  # the full one has them
+
+
+@pytest.mark.parametrize("name", ENFORCED)
+def test_shortest_value_is_valid_for_the_format_and_for_pydantic(name: str) -> None:
+    spec = normalize_tool(one_string_tool({"type": "string", "format": name}))
+    completer = CallCompleter(HERMES, [(spec.name, spec.parameters)])
+    shortest = completer.shortest_call()
+    assert shortest is not None, completer.unknown()
+    value = json.loads(shortest[len("<tool_call>") : -len("</tool_call>")])["arguments"]["v"]
+    assert re.fullmatch(FORMAT_PATTERNS[name], value), value
+    if name in PYDANTIC_TYPES:
+        TypeAdapter(PYDANTIC_TYPES[name]).validate_python(value)
+
+
+@pytest.mark.parametrize(
+    ("name", "begun", "finished"),
+    [
+        ("date-time", "2024-02-2", "2024-02-20T00:00:00Z"),
+        ("date", "2023-02-2", "2023-02-20"),
+        ("time", "23:59:6", "23:59:60Z"),
+        ("duration", "P1Y2", "P1Y2M"),
+        ("email", "x.y", "x.y@A.A"),
+        ("ipv6", "fe80:", "fe80::"),
+        ("uri", "https", "https:"),
+    ],
+)
+def test_a_begun_value_is_finished_to_a_valid_one(name: str, begun: str, finished: str) -> None:
+    spec = normalize_tool(one_string_tool({"type": "string", "format": name}))
+    completer = CallCompleter(HERMES, [(spec.name, spec.parameters)])
+    head = '<tool_call>{"name": "t", "arguments": {"v": "'
+    rest = completer.complete(head + begun)
+    assert rest is not None
+    assert (
+        json.loads((head + begun + rest)[len("<tool_call>") : -len("</tool_call>")])["arguments"]["v"]
+        == finished
+    )
+
+
+def test_normalization_keeps_what_it_enforces() -> None:
+    def normalized(schema: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = normalize_tool(one_string_tool(schema)).parameters["properties"]["v"]
+        return out
+
+    assert normalized({"type": "string", "format": "date"})["format"] == "date"
+    assert normalized({"type": ["string", "null"], "format": "uuid"})["format"] == "uuid"
+    # an unknown format, or one beside what settles the string otherwise, stays an annotation
+    for schema in (
+        {"type": "string", "format": "binary"},
+        {"type": "string", "format": "date", "pattern": "^1"},
+        {"type": "string", "format": "date", "enum": ["x"]},
+        {"format": "date"},
+        {"type": "integer", "format": "date"},
+    ):
+        assert "format" not in normalized(schema), schema
+    # pydantic's URL types: minLength 1 is implied (no format admits ""), maxLength is kept
+    assert normalized(TypeAdapter(AnyUrl).json_schema()) == {"type": "string", "format": "uri"}
+    assert normalized(TypeAdapter(HttpUrl).json_schema())["maxLength"] == 2083
+
+
+@pytest.mark.parametrize("engine", ("llguidance", "auto"))
+def test_a_length_bound_beside_a_format_is_kept_with_it(
+    compilers: dict[str, ToolGrammarCompiler], engine: str
+) -> None:
+    grammar = compilers[engine].compile(
+        [one_string_tool({"type": "string", "format": "uri", "maxLength": 6})]
+    )
+    assert grammar.matcher().accepts_text(call("a:bcde"))
+    assert not grammar.matcher().accepts_text(call("a:bcdef"))
+    assert not grammar.matcher().accepts_text(call("abcde"))
+
+
+class Booking(BaseModel):
+    """A pydantic model of the everyday kind, every field a formatted string."""
+
+    start: datetime.datetime
+    day: datetime.date
+    at: datetime.time
+    length: datetime.timedelta
+    ref: uuid.UUID
+    contact: EmailStr
+    home: AnyUrl
+    ip: ipaddress.IPv4Address
+    ip6: ipaddress.IPv6Address | None = None
+
+
+BOOKING = {"type": "function", "function": {"name": "book", "parameters": Booking.model_json_schema()}}
+
+
+def assert_clients_model_accepts(engine: str, tokenizer: Any, plays: list[tuple[str, int]]) -> None:
+    """Each play ``(choice, budget above the reserve)`` by every sampler: the owed call is there,
+    and ``Booking.model_validate`` and jsonschema with its format checker accept every call."""
+    core = ConstraintCore(lambda: tokenizer, len(tokenizer), engine=engine)
+    state = core.admit(constraint_args([BOOKING], "required"), [], max_tokens=1000)
+    assert state is not None and state.budget is not None
+    reserve = state.budget.reserve
+    checker = Draft202012Validator(
+        Booking.model_json_schema(), format_checker=Draft202012Validator.FORMAT_CHECKER
+    )
+    for sampler in SAMPLERS:
+        for choice, extra in plays:
+            outcome = run(core, tokenizer, Scenario([BOOKING], choice, reserve + extra), sampler, seed=extra)
+            assert outcome.kept(None), (sampler, choice, extra, outcome)
+            for span in split_spans(outcome.text, HERMES, strict=True):
+                if span.kind == "call":
+                    arguments = json.loads(span.body)["arguments"]
+                    Booking.model_validate(arguments)
+                    checker.validate(arguments)
+
+
+def test_worst_case_calls_satisfy_the_clients_own_model_as_served(tiny_model_qwen3: Path) -> None:
+    """The server's engine on Qwen 3's tokenizer, ``required`` and named, at the reserve and
+    above it (with the formats dropped the steered call held ``""`` for each)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_qwen3))
+    assert_clients_model_accepts("auto", tokenizer, [("required", 0), ("book", 9)])
+
+
+@pytest.mark.parametrize("engine", ("xgrammar", "llguidance"))
+def test_worst_case_calls_satisfy_the_clients_own_model_on_each_engine(tokenizer: Any, engine: str) -> None:
+    """outlines-core takes seconds to index these patterns (tens under load, past the compile
+    timeout): its formats are checked on the suite above."""
+    assert_clients_model_accepts(engine, tokenizer, [("required", 3)])
