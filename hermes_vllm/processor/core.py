@@ -106,6 +106,30 @@ def validate_request(extra_args: Any, engine: str, max_tokens: int | None = None
     return request
 
 
+STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
+"""The fields of vLLM's ``StructuredOutputsParams`` that constrain the output."""
+
+
+def refuse_structured_outputs(request: ConstraintRequest, structured: Any) -> None:
+    """Refuse a constrained request that still carries vLLM structured outputs: ``ValueError``.
+
+    vLLM's grammar masks every token the turn grammar needs for a call (and under ``required``
+    the two masks leave nothing, which vLLM's backend answers with HTTP 500), so no such request
+    is admitted. The tool parser moves a ``response_format`` / ``structured_outputs`` JSON schema
+    beside ``tools`` into the turn grammar before this check; what reaches it is what the turn
+    grammar cannot take (a regex, a choice, a grammar, a structural tag) or a client's own
+    constraint sent beside structured outputs.
+    """
+    kinds = [k for k in STRUCTURED_KINDS if getattr(structured, k, None) not in (None, False)]
+    named = ", ".join(f"structured_outputs.{k}" for k in kinds) or "structured_outputs"
+    raise ValueError(
+        f"hermes-vllm cannot serve tools (tool_choice={request.tool_choice!r}) together with {named}: "
+        "vLLM's structured output would mask the tool calls; send the answer's JSON schema as "
+        "response_format (or structured_outputs.json) beside the tools, which the turn grammar "
+        "serves, or drop one of the two"
+    )
+
+
 def turn_reserve(request: ConstraintRequest, engine: str, speller: Speller) -> int:
     """The tokens a turn keeps for its call (:func:`call_reserve`), as both the frontend's check
     and the engine's budget count them."""
@@ -321,7 +345,7 @@ class ConstraintCore:
         compiler = self.compiler
         prepared = prepare_constraint(request.raw, type(compiler.engine), compiler.limits, admitted=True)
         stops = tuple(dict.fromkeys((*self.compiler.vocab.stop_token_ids, *stop_token_ids)))
-        gated = prepared.spec.mode == "auto" and self.compiler.vocab.gate_allowed(prepared.spec.dialect)
+        gated = prepared.spec.free_text and self.compiler.vocab.gate_allowed(prepared.spec.dialect)
         follower = TextFollower(prepared.spec.dialect)
         state = RowState(request, prepared, self.compiler.submit(prepared), stops, gated, follower)
         if max_tokens is not None and prepared.spec.mode != "none":

@@ -33,7 +33,7 @@ _BOUNDED_STRINGS = frozenset({"minLength", "maxLength", "pattern"})
 
 def prefers_llguidance(turn: TurnSpec) -> bool:
     """Whether ``turn`` holds a bounded string or a keyword only llguidance enforces."""
-    for tool in turn.tools:
+    for tool in (*turn.tools, *([turn.answer] if turn.answer is not None else [])):
         for _, sub in iter_subschemas(tool.parameters):
             for key in sub:
                 if key in _BOUNDED_STRINGS or (key in CONSTRAINING and key not in XGRAMMAR_KEYWORDS):
@@ -44,6 +44,7 @@ def prefers_llguidance(turn: TurnSpec) -> bool:
 class AutoEngine(GrammarEngine):
     name = "auto"
     supported_keywords = XGRAMMAR_KEYWORDS | LLGUIDANCE_KEYWORDS
+    answers = True
 
     def __init__(self, vocab: Vocabulary) -> None:
         super().__init__(vocab)
@@ -56,6 +57,12 @@ class AutoEngine(GrammarEngine):
 
     @classmethod
     def check(cls, turn: TurnSpec) -> None:
+        if turn.answer is not None and prefers_llguidance(turn):
+            raise ValueError(
+                "a response_format beside tools is written by xgrammar only, and these schemas need "
+                "llguidance (a string with minLength, maxLength or pattern, or a keyword xgrammar "
+                "cannot enforce); drop the response_format or those keywords"
+            )
         (LLGuidanceEngine if prefers_llguidance(turn) else XGrammarEngine).check(turn)
 
     def compile(self, turn: TurnSpec) -> EngineGrammar:
