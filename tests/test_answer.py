@@ -17,6 +17,7 @@ from hermes_vllm.grammar.compiler import prepare_constraint
 from hermes_vllm.grammar.engines import get_engine_class
 from hermes_vllm.processor.core import ConstraintCore, validate_request
 from hermes_vllm.settings import get_limits
+from hermes_vllm.testing.adversary import SAMPLERS, Scenario, run
 from hermes_vllm.testing.soundness import tool
 
 ADD = tool({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}, "add")
@@ -152,3 +153,50 @@ def test_a_row_with_an_answer_is_masked_from_its_first_token(tokenizer: Any) -> 
     (brace,) = tokenizer.encode("{", add_special_tokens=False)[-1:]
     assert the not in allowed and brace in allowed
     assert tokenizer.eos_token_id not in allowed
+
+
+NESTED = {
+    "type": "object",
+    "properties": {
+        "answer": {"type": "string"},
+        "confidence": {"enum": ["low", "high"]},
+        "sources": {"type": "array", "items": {"type": "string"}},
+        "notes_for_the_user_in_a_longer_form": {"type": "object", "properties": {"text": {"type": "string"}}},
+    },
+    "required": ["answer", "confidence"],
+    "additionalProperties": False,
+}
+WEATHER = {
+    "name": "get_weather",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "include_historical_weather_data": {"type": "boolean"}},
+        "required": ["city"],
+    },
+}
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS)
+@pytest.mark.parametrize("mode", ["auto", "none"])
+def test_a_call_or_the_answer_always_arrives_before_max_tokens(
+    mode: str, sampler: str, tokenizer: Any
+) -> None:
+    """The worst-case samplers (they write only what the mask allows, never end the reply or close
+    a span while anything else is allowed) against a turn owing a call or its answer: every reply
+    holds a complete valid call or a whole answer valid for its schema, at every ``max_tokens``
+    from the answer's reserve on, with and without a thinking budget."""
+    core = ConstraintCore(lambda: tokenizer, len(tokenizer))
+    state = core.admit(constraint_args([WEATHER], mode, answer=NESTED), [], max_tokens=1000)
+    assert state is not None and state.budget is not None
+    low = state.budget.answer_reserve
+    scenarios = [
+        Scenario([WEATHER], mode, low + k, thinking_budget=budget, answer=NESTED)
+        for k in (0, 1, 3, 7, 12, 20, 33, 60)
+        for budget in (None, 6)
+    ]
+    lost = []
+    for scenario in scenarios:
+        outcome = run(core, tokenizer, scenario, sampler, seed=scenario.max_tokens)
+        if not outcome.kept(scenario.thinking_budget):
+            lost.append((scenario.max_tokens, scenario.thinking_budget, outcome.failed, outcome.text))
+    assert not lost, lost

@@ -24,6 +24,9 @@ LEAD_WHITESPACE = 4
 come first (``required``): Qwen 3 writes two newlines after ``</think>``. Bounded like whitespace in
 a call, so a weak model cannot loop on it."""
 
+MARK = " [closed by max_tokens]"
+"""Content written right after a call that the budget closed (its arguments may be truncated);
+a turn with an answer admits it after its last call, where it admits no other text."""
 ANSWER_NAME = "response_format"
 """What errors call the final answer's schema (it is read like a tool's arguments)."""
 

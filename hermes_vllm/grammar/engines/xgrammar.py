@@ -45,7 +45,7 @@ from hermes_vllm.grammar.engines.ebnf import (
     split_rules,
 )
 from hermes_vllm.grammar.pattern import literal_characters
-from hermes_vllm.grammar.turn import LEAD_WHITESPACE, TurnSpec
+from hermes_vllm.grammar.turn import LEAD_WHITESPACE, MARK, TurnSpec
 from hermes_vllm.memo import memoize_small
 from hermes_vllm.schema import ToolSpec, canonical_json, canonical_value, iter_subschemas
 from hermes_vllm.schema.spec import pointer
@@ -226,12 +226,13 @@ def turn_ebnf(
     elif turn.answer is not None:
         # No free text: reasoning, then the calls or the answer, then only whitespace. The output
         # ends nowhere else, so a reply holds a complete call or a complete answer.
-        ending = answer
+        # After the last call, the mark of a call the budget closed (forced right after it).
+        ending, mark = answer, _choice(["", _literal(MARK)])
         if turn.mode == "auto" and turn.parallel:
-            rules.append(("turn_calls", _choice(["", f"{lead} turn_call turn_calls"])))
+            rules.append(("turn_calls", _choice([mark, f"{lead} turn_call turn_calls"])))
             ending = _choice(["turn_call turn_calls", answer])
         elif turn.mode == "auto":
-            ending = _choice(["turn_call", answer])
+            ending = _choice([f"turn_call {mark}", answer])
         body = f"{lead} {ending} {lead}"
         if spans:
             rules += [
