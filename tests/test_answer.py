@@ -57,10 +57,10 @@ ACCEPTED: dict[tuple[str, bool], set[str]] = {
     },
     ("auto", False): {"answer", "reasoning, answer", "call", "reasoning, call", "answer escaping a tag"},
     ("none", True): {"answer", "reasoning, answer", "answer escaping a tag"},
-    ("required", True): {"call", "reasoning, call", "two calls", "call, answer"},
+    ("required", True): {"call", "reasoning, call", "two calls"},
 }
-"""Under ``required`` the answer is unused: the turn is the plain required turn (free text may
-follow its call, as without an answer). An answer's strings spell no tag (the parsers and the
+"""Under ``required`` the answer is unused and the turn is calls only (without a response_format
+free text may follow a required call). An answer's strings spell no tag (the parsers and the
 processor read a raw ``<think>`` there as a span): ``<`` is written as JSON's ``\u003c``."""
 _COMPILERS: dict[str, ToolGrammarCompiler] = {}
 
@@ -90,21 +90,21 @@ def test_an_answer_turn_is_calls_or_the_answer_never_free_text(
     assert {name for name, ok in verdicts.items() if ok} == ACCEPTED[mode, parallel]
 
 
-def test_a_required_call_drops_the_answer_and_an_answer_is_its_own_turn() -> None:
-    limits = get_limits()
+def test_a_required_call_leaves_the_answer_unused_and_owes_no_answer(tokenizer: Any) -> None:
     xgrammar = get_engine_class("xgrammar")
+    limits = get_limits()
     required = prepare_constraint(
         constraint_args([ADD], "required", answer=ANSWER)["hermes_vllm"], xgrammar, limits
     )
-    plain = prepare_constraint(constraint_args([ADD], "required")["hermes_vllm"], xgrammar, limits)
-    assert required.spec.answer is None
-    assert required.spec.key() == plain.spec.key()  # one grammar, one cache entry
-    auto = prepare_constraint(constraint_args([ADD], "auto", answer=ANSWER)["hermes_vllm"], xgrammar, limits)
-    assert auto.spec.answer is not None and not auto.spec.free_text
-    assert (
-        auto.spec.key()
-        != prepare_constraint(constraint_args([ADD], "auto")["hermes_vllm"], xgrammar, limits).spec.key()
+    other = prepare_constraint(
+        constraint_args([ADD], "required", answer=NESTED)["hermes_vllm"], xgrammar, limits
     )
+    assert not required.spec.answers and required.spec.key() == other.spec.key()  # one grammar
+    core = ConstraintCore(lambda: tokenizer, len(tokenizer))
+    state = core.admit(constraint_args([ADD], "required", answer=ANSWER), [], max_tokens=100)
+    assert state is not None and state.budget is not None and state.budget.answer is None
+    auto = prepare_constraint(constraint_args([ADD], "auto", answer=ANSWER)["hermes_vllm"], xgrammar, limits)
+    assert auto.spec.answers and not auto.spec.free_text
 
 
 @pytest.mark.parametrize("engine", ["llguidance", "outlines"])

@@ -27,6 +27,7 @@ import jsonschema
 import pytest
 from openai import AsyncOpenAI
 
+from hermes_vllm.constraint import BUDGET_KEY
 from hermes_vllm.dialect import get_dialect
 from hermes_vllm.formats.chat_template import chat_template
 from hermes_vllm.formats.token_check import reserve_tokens
@@ -240,3 +241,79 @@ def test_responses_text_format_beside_tools_gives_calls_or_the_answer_as_output_
             assert choice == "auto" and response.output_text.strip() in ("", MARK.strip()), response
         else:
             jsonschema.validate(json.loads(response.output_text), ANSWER)
+
+
+def agent_bias(tokenizer: Any) -> dict[str, float]:
+    """What lets the random model play an agent: strings close (``"``, ``}``, ``]``), an object
+    rather than a call where both are allowed, and the turn ends where it may
+    (after its calls or its answer; elsewhere the grammar bans the end). Under a named tool_choice
+    the grammar allows only the call, so the first turn still calls."""
+    bias = {str(i): 8.0 for t, i in tokenizer.get_vocab().items() if any(c in t for c in '"}]')}
+    bias.update({str(i): 10.0 for t, i in tokenizer.get_vocab().items() if t.startswith("{")})
+    (tag, *_) = tokenizer.encode("<tool_call>", add_special_tokens=False)
+    bias[str(tag)] = -10.0
+    ends = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    bias.update({str(i): 10.0 for i in ends if isinstance(i, int)})
+    return bias
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_an_agents_sdk_agent_calls_its_tool_then_returns_its_typed_output(
+    server: tuple[str, str, Any, Path], api: str
+) -> None:
+    """``Agent(tools=[add], output_type=Sum)`` through ``Runner.run``: the first turn (tool_choice
+    naming the tool) calls it, the SDK runs it and sends its result back with ``tool_choice``
+    reset to ``auto`` beside the ``response_format`` of ``Sum``, and that turn's answer is the
+    typed ``final_output``. On the tiny random model (the trained one takes minutes of CPU to
+    train) a reasoning budget of 0 keeps reasoning out and the bias favours the answer's ``{``
+    over a second call; the grammar and the budget make the answer whole."""
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIChatCompletionsModel,
+        OpenAIResponsesModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
+    from pydantic import BaseModel
+
+    url, model_name, tokenizer, log = server
+    set_tracing_disabled(True)
+    ran: list[tuple[int, int]] = []
+
+    @function_tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        ran.append((a, b))
+        return a + b
+
+    class Sum(BaseModel):
+        total: int
+
+    # No reasoning span at all (a turn budget of 0): the random model spells one out of pieces.
+    extra = {"logit_bias": agent_bias(tokenizer), "vllm_xargs": {BUDGET_KEY: 0}}
+
+    async def play() -> Any:
+        client = AsyncOpenAI(base_url=url, api_key="unused", max_retries=0, timeout=900)
+        kind = OpenAIChatCompletionsModel if api == "chat" else OpenAIResponsesModel
+        settings = ModelSettings(
+            tool_choice="add",
+            max_tokens=300,
+            temperature=1.0,
+            extra_body=extra,
+        )
+        agent = Agent(
+            name="adder",
+            instructions="Add the numbers with the tool, then answer.",
+            tools=[add],
+            output_type=Sum,
+            model=kind(model=model_name, openai_client=client),
+            model_settings=settings,
+        )
+        return await Runner.run(agent, "What is 2 + 3?", max_turns=4)
+
+    result = asyncio.run(play())
+    assert ran, "the agent never ran its tool"
+    assert isinstance(result.final_output, Sum), result.final_output
+    assert "ending a constrained request" not in log.read_text(encoding="utf-8")

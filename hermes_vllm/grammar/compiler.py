@@ -94,18 +94,18 @@ def prepare_turn(
     spec = turn_spec(
         specs, tool_choice, parallel_tool_calls, dialect, limits.max_call_whitespace, unusable, answer_spec
     )
-    if spec.answer is not None and not engine.answers:
+    if spec.answers and not engine.answers:
         raise ToolSchemaError(
             ANSWER_NAME, "", f"the {engine.name} engine cannot serve a response_format beside tools "
             "(HERMES_VLLM_ENGINE=xgrammar or auto can)",
         )  # fmt: skip
-    both = (*spec.tools, spec.answer) if spec.answer is not None else spec.tools
+    both = (*spec.tools, spec.answer) if spec.answers and spec.answer is not None else spec.tools
     covered, needs_validation = check_coverage(both, engine.supported_keywords, engine.name, coverage)
     kept = covered[: len(spec.tools)]
     return PreparedTurn(
         TurnSpec(
             spec.dialect, kept, spec.mode, spec.parallel, spec.max_whitespace,
-            covered[-1] if spec.answer is not None else None,
+            covered[-1] if spec.answers else spec.answer,
         ),
         needs_validation,
         spec.tools,

@@ -46,7 +46,13 @@ class TurnSpec:
     max_whitespace: int
     answer: ToolSpec | None = None
     """The final answer's schema (``response_format`` / ``structured_outputs`` JSON), normalised
-    like a tool's arguments; only under ``auto`` and ``none`` (a call is owed otherwise)."""
+    like a tool's arguments. Under ``required`` it is unused (the turn owes calls, as OpenAI serves
+    it) but still makes the turn calls only: no free text after them either."""
+
+    @property
+    def answers(self) -> bool:
+        """Whether the turn may end with its answer (``auto`` and ``none`` with an answer)."""
+        return self.answer is not None and self.mode != "required"
 
     @property
     def free_text(self) -> bool:
@@ -63,8 +69,8 @@ class TurnSpec:
         """Written once per spec: a prepared turn is reused by every request that resends its tools."""
         tools = [[t.name, t.parameters] for t in self.tools]
         key = [self.dialect.name, self.mode, self.parallel, self.max_whitespace, tools]
-        if self.answer is not None:
-            key.append(self.answer.parameters)
+        if self.answer is not None:  # under required only its presence counts: calls only
+            key.append(self.answer.parameters if self.answers else True)
         return canonical_json(key)
 
 
@@ -95,8 +101,9 @@ def turn_spec(
 ) -> TurnSpec:
     """Build the spec of a turn from normalised tools and the request's tool options.
 
-    ``answer`` (the final answer's schema) is kept under ``auto`` and ``none`` and dropped where
-    a call is required, as OpenAI serves ``tool_choice="required"`` beside a ``response_format``.
+    ``answer`` (the final answer's schema): the turn is calls or that answer under ``auto``,
+    the answer under ``none``, calls only where a call is required (the answer unused, as OpenAI
+    serves ``tool_choice="required"`` beside a ``response_format``).
 
     The ``unusable`` tools (no call can satisfy them) are named in the request, so ``tool_choice``
     may name them, but no call to them can be written: they are left out. Refused only where the
@@ -117,7 +124,7 @@ def turn_spec(
         mode,
         parallel_tool_calls,
         max_whitespace,
-        answer if mode != "required" else None,
+        answer,
     )
 
 

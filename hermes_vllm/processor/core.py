@@ -187,7 +187,9 @@ def answer_of(request: ConstraintRequest, engine: str) -> AnswerCompleter | None
     """The turn's answer completer (``None`` where the turn has no answer), cached by the
     constraint."""
     spec = _validate(request, engine).spec
-    return None if spec.answer is None else AnswerCompleter(spec.dialect, spec.answer.parameters)
+    if not spec.answers or spec.answer is None:
+        return None
+    return AnswerCompleter(spec.dialect, spec.answer.parameters)
 
 
 def answer_reserve(request: ConstraintRequest, engine: str, speller: Speller) -> int:

@@ -33,7 +33,7 @@ _BOUNDED_STRINGS = frozenset({"minLength", "maxLength", "pattern"})
 
 def prefers_llguidance(turn: TurnSpec) -> bool:
     """Whether ``turn`` holds a bounded string or a keyword only llguidance enforces."""
-    for tool in (*turn.tools, *([turn.answer] if turn.answer is not None else [])):
+    for tool in (*turn.tools, *([turn.answer] if turn.answers and turn.answer is not None else [])):
         for _, sub in iter_subschemas(tool.parameters):
             for key in sub:
                 if key in _BOUNDED_STRINGS or (key in CONSTRAINING and key not in XGRAMMAR_KEYWORDS):
@@ -57,7 +57,7 @@ class AutoEngine(GrammarEngine):
 
     @classmethod
     def check(cls, turn: TurnSpec) -> None:
-        if turn.answer is not None and prefers_llguidance(turn):
+        if turn.answers and prefers_llguidance(turn):
             raise ValueError(
                 "a response_format beside tools is written by xgrammar only, and these schemas need "
                 "llguidance (a string with minLength, maxLength or pattern, or a keyword xgrammar "

@@ -195,7 +195,7 @@ def turn_ebnf(
     elif turn.mode != "none":
         rules += _call_rules(turn, gap, basics)
     answer = f"t{len(turn.tools)}_root"
-    if turn.answer is not None:
+    if turn.answers and turn.answer is not None:
         rules += _answer_rules(turn, turn.answer)
     rules += basics.items()
 
@@ -224,15 +224,16 @@ def turn_ebnf(
     if after_call is not None:
         body = f"{after_call(gap)} {free_text(turn.parallel)}"
     elif turn.answer is not None:
-        # No free text: reasoning, then the calls or the answer, then only whitespace. The output
-        # ends nowhere else, so a reply holds a complete call or a complete answer.
-        # After the last call, the mark of a call the budget closed (forced right after it).
-        ending, mark = answer, _choice(["", _literal(MARK)])
-        if turn.mode == "auto" and turn.parallel:
+        # No free text: reasoning, then the calls or the answer (calls only under required, the
+        # answer only under none), then only whitespace; the last call may be followed by the
+        # mark of a call the budget closed. The output ends nowhere else: a reply holds a
+        # complete call or a complete answer.
+        mark = _choice(["", _literal(MARK)])
+        calls = f"turn_call {mark}"
+        if turn.parallel and turn.mode != "none":
             rules.append(("turn_calls", _choice([mark, f"{lead} turn_call turn_calls"])))
-            ending = _choice(["turn_call turn_calls", answer])
-        elif turn.mode == "auto":
-            ending = _choice([f"turn_call {mark}", answer])
+            calls = "turn_call turn_calls"
+        ending = {"auto": _choice([calls, answer]), "required": calls, "none": answer}[turn.mode]
         body = f"{lead} {ending} {lead}"
         if spans:
             rules += [
@@ -323,7 +324,7 @@ def _refuse_raw_patterns(turn: TurnSpec) -> None:
     """xgrammar matches a ``pattern`` against the raw JSON text of the string: a quote or a
     backslash the pattern names is written unescaped (``{"n": ""q"}`` for ``^"q$``), which is
     invalid JSON. Its classes, ranges and ``.`` leave both out, so only named ones are refused."""
-    for tool in (*turn.tools, *([turn.answer] if turn.answer is not None else [])):
+    for tool in (*turn.tools, *([turn.answer] if turn.answers and turn.answer is not None else [])):
         for path, sub in iter_subschemas(tool.parameters):
             pattern = sub.get("pattern")
             raw = literal_characters(pattern) & {'"', "\\"} if isinstance(pattern, str) else set()
