@@ -11,7 +11,11 @@ greedy (temperature 0, seed 0), no logit bias:
 - ``ours auto`` / ``ours required`` / ``ours named`` (the named tool, on the items that expect
   one call);
 - ``ours required`` again with ``HERMES_VLLM_MAX_CALL_WHITESPACE`` 0 and 8 (default 1), and with
-  ``HERMES_VLLM_CALL_KEY_ORDER=any`` (top-level arguments in any order; default: declared order).
+  ``HERMES_VLLM_CALL_KEY_ORDER=any`` (top-level arguments in any order; default: declared order);
+- tools beside a final answer's schema (``+ response_format``: :data:`ANSWER`, what an agent with
+  a typed result sends), ``auto`` and ``required``, on vLLM's parsers (``hermes`` with the
+  ``qwen3`` reasoning parser too) and ours, side by side with ``auto`` on tools only: replies
+  holding a call, replies whose content is an answer valid for the schema, HTTP errors.
 
 ``off_order`` counts each configuration's calls whose arguments do not follow the declared order
 (the unconstrained ones say whether the model ever wants another order), and
@@ -58,6 +62,15 @@ BRACKETS = (
     *("--reasoning-parser", "hermes_vllm_brackets"),
 )
 """Our parsers in the bracket dialect, served with our bracket template (vLLM has no parser for it)."""
+ANSWER = {
+    "type": "object",
+    "properties": {"answer": {"type": "string"}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
+"""The final answer's schema of the ``+ response_format`` configurations."""
+WITH_ANSWER = "+answer"
+"""A tool choice ending so is sent with :data:`ANSWER` as ``response_format``."""
 
 
 @dataclass(frozen=True)
@@ -67,16 +80,34 @@ class Server:
     flags: tuple[str, ...]
     env: dict[str, str]
     configs: tuple[tuple[str, str], ...]
-    """(label, tool choice) pairs: ``none``, ``auto``, ``required`` or ``named``."""
+    """(label, tool choice) pairs: ``none``, ``auto``, ``required`` or ``named``, the last three
+    also with :data:`WITH_ANSWER`."""
     template: str | None = None
     """The dialect whose template of ours renders the prompts (``--chat-template``); None: the
     model's own (Qwen 3's, ``<tool_call>``)."""
 
 
+def _answered(label: str) -> tuple[tuple[str, str], ...]:
+    """The configurations of a typed answer beside the tools."""
+    return ((f"{label} auto + response_format", "auto" + WITH_ANSWER),
+            (f"{label} required + response_format", "required" + WITH_ANSWER))  # fmt: skip
+
+
 SERVERS: dict[str, Server] = {
     "vllm_hermes": Server(STOCK, {}, (("no parser", "none"), ("vLLM hermes", "auto"))),
-    "vllm_strict": Server((*STOCK, "--tool-strict-level", "parameter"), {}, (("vLLM strict", "auto"),)),
-    "ours": Server(OURS, {}, (("ours auto", "auto"), ("ours required", "required"), ("ours named", "named"))),
+    "vllm_strict": Server(
+        (*STOCK, "--tool-strict-level", "parameter"), {}, (("vLLM strict", "auto"), *_answered("vLLM strict"))
+    ),
+    "vllm_hermes_qwen3": Server(
+        (*STOCK, "--reasoning-parser", "qwen3"),
+        {},
+        (("vLLM hermes+qwen3 auto", "auto"), *_answered("vLLM hermes+qwen3")),
+    ),
+    "ours": Server(
+        OURS,
+        {},
+        (("ours auto", "auto"), ("ours required", "required"), ("ours named", "named"), *_answered("ours")),
+    ),
     "ours_ws0": Server(OURS, {"HERMES_VLLM_MAX_CALL_WHITESPACE": "0"}, (("ours required ws0", "required"),)),
     "ours_ws8": Server(OURS, {"HERMES_VLLM_MAX_CALL_WHITESPACE": "8"}, (("ours required ws8", "required"),)),
     "ours_any_order": Server(
@@ -142,6 +173,10 @@ class Outcome:
     calls: int = 0
     off_order: int = 0
     """Calls whose arguments do not follow their tool's declared property order."""
+    answered: bool = False
+    """The reply's content is an answer valid for :data:`ANSWER` (``+ response_format`` only)."""
+    status: int = 200
+    """The HTTP status (an error's, or 200)."""
 
 
 @dataclass
@@ -182,6 +217,10 @@ class Result:
             "calls": sum(o.calls for o in self.outcomes),
             "off_order": sum(o.off_order for o in self.outcomes),
             "http_errors": sum(o.verdict.problem.startswith("HTTP error") for o in self.outcomes),
+            "http_500": sum(o.status >= 500 for o in self.outcomes),
+            "with_call": sum(o.calls > 0 for o in self.outcomes),
+            "answered": sum(o.answered for o in self.outcomes),
+            "neither": sum(o.calls == 0 and not o.answered for o in self.outcomes),
             "tokens_per_reply": round(statistics.mean(o.tokens for o in self.outcomes), 1) if n else 0.0,
             "reply_s_mean": round(statistics.mean(o.seconds for o in self.outcomes), 3) if n else 0.0,
             "wall_s": round(self.wall_s, 1),
@@ -195,6 +234,7 @@ class Result:
 
 
 def tool_choice_field(item: Item, choice: str) -> Any:
+    choice = choice.removesuffix(WITH_ANSWER)
     if choice == "named":
         return {"type": "function", "function": {"name": item.expected_names[0]}}
     return choice
@@ -205,6 +245,7 @@ def ask(client: Any, model: str, item: Item, *, choice: str, max_tokens: int, di
     from openai import APIError
 
     started = time.monotonic()
+    answer = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER}}
     try:
         reply = client.chat.completions.create(
             model=model,
@@ -214,10 +255,12 @@ def ask(client: Any, model: str, item: Item, *, choice: str, max_tokens: int, di
             max_tokens=max_tokens,
             temperature=0.0,
             seed=0,
+            **({"response_format": answer} if choice.endswith(WITH_ANSWER) else {}),
         )
     except APIError as err:
         verdict = Verdict(False, False, False, False, f"HTTP error: {err}")
-        return Outcome(item.id, group_of(item), verdict, 0, time.monotonic() - started, "")
+        status = int(getattr(err, "status_code", 500))
+        return Outcome(item.id, group_of(item), verdict, 0, time.monotonic() - started, "", status=status)
     seconds = time.monotonic() - started
     message = reply.choices[0].message
     if choice == "none":
@@ -232,7 +275,19 @@ def ask(client: Any, model: str, item: Item, *, choice: str, max_tokens: int, di
     shown = " ".join(f"{c.name}({c.arguments})" for c in calls) or json.dumps(message.content or "")
     tokens = reply.usage.completion_tokens if reply.usage else 0
     off = sum(not declared_order(item.schemas.get(c.name, {}), c.arguments) for c in calls)
-    return Outcome(item.id, group_of(item), verdict, tokens, seconds, shown, len(calls), off)
+    answered = choice.endswith(WITH_ANSWER) and is_answer(message.content or "")
+    return Outcome(item.id, group_of(item), verdict, tokens, seconds, shown, len(calls), off, answered)
+
+
+def is_answer(content: str) -> bool:
+    """Whether ``content`` is an answer valid for :data:`ANSWER`."""
+    import jsonschema
+
+    try:
+        jsonschema.validate(json.loads(content), ANSWER)
+    except (ValueError, jsonschema.ValidationError):
+        return False
+    return True
 
 
 def declared_order(schema: dict[str, Any], arguments: str) -> bool:
@@ -266,7 +321,7 @@ def serve(name: str, model: str, items: Sequence[Item], max_tokens: int, workers
             logger.info("%s up in %.0f s", name, time.monotonic() - started)
             client = OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600)
             for label, choice in server.configs:
-                asked = [i for i in items if choice != "named" or len(i.expected_names) == 1]
+                asked = [i for i in items if not choice.startswith("named") or len(i.expected_names) == 1]
                 result = Result(label, name, choice)
                 begun = time.monotonic()
                 one = partial(
@@ -311,6 +366,18 @@ def markdown(summaries: dict[str, dict[str, Any]]) -> str:
             f"| {s['exact']:.0%} | {s['off_order']}/{s['calls']} | {s['tokens_per_reply']:.0f} "
             f"| {s['wall_s']:.0f} |"
         )
+    answering = {label: s for label, s in summaries.items() if WITH_ANSWER in s["tool_choice"]}
+    if answering:
+        lines += [
+            "",
+            "| tools + response_format | items | with a call | answer valid | neither | HTTP errors (500) |",
+            "| --- | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for label, s in answering.items():
+            lines.append(
+                f"| {label} | {s['items']} | {s['with_call']} | {s['answered']} | {s['neither']} "
+                f"| {s['http_errors']} ({s['http_500']}) |"
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -81,6 +81,9 @@ class ConstraintRequest:
     budget: BudgetOptions = field(default=BudgetOptions(), compare=False)
     """The request's own budget keys (they travel beside the constraint's JSON, so two requests
     with the same tools share every cache whatever their budgets)."""
+    answer: Mapping[str, Any] | None = field(default=None, compare=False)
+    """The final answer's JSON schema (the request's ``response_format``), served by the turn
+    grammar beside the calls; ``None``: no answer schema."""
 
 
 def constraint_args(
@@ -92,6 +95,7 @@ def constraint_args(
     *,
     reasoning_budget: int | None = None,
     cut_policy: str | None = None,
+    answer: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``extra_args`` that make the hermes-vllm logits processor constrain this request.
 
@@ -100,9 +104,11 @@ def constraint_args(
     the open span's closing tag is forced and no span opens again (vLLM's own
     ``thinking_token_budget``, where set, takes precedence). ``cut_policy``:
     ``close`` or ``drop`` for a call ``max_tokens`` would cut (default: ``close`` under
-    ``required`` / named, ``drop`` under ``auto``).
+    ``required`` / named, ``drop`` under ``auto``). ``answer``: the JSON schema of the final
+    answer (a ``response_format``'s): under ``auto`` the turn is then calls or that answer, never
+    free text; under ``none`` the answer only; a required call leaves it unused.
     """
-    payload = {
+    payload: dict[str, Any] = {
         "v": FORMAT_VERSION,
         "tools": [t.model_dump(exclude_none=True) if hasattr(t, "model_dump") else t for t in tools],
         "tool_choice": tool_choice.model_dump(exclude_none=True)
@@ -112,6 +118,8 @@ def constraint_args(
         "dialect": dialect,
         "coverage": coverage,
     }
+    if answer is not None:
+        payload["answer"] = answer
     args: dict[str, Any] = {ARGS_KEY: json.dumps(payload, ensure_ascii=False, separators=(",", ":"))}
     if reasoning_budget is not None:
         args[BUDGET_KEY] = reasoning_budget
@@ -204,7 +212,12 @@ def decode_constraint(raw: str) -> ConstraintRequest:
     coverage = data.get("coverage", "strict")
     if coverage not in ("strict", "lenient"):
         raise ValueError(f"{ARGS_KEY}.coverage: expected 'strict' or 'lenient', got {coverage!r}")
-    return ConstraintRequest(tuple(tools), data.get("tool_choice", "auto"), parallel, dialect, coverage, raw)
+    answer = data.get("answer")
+    if answer is not None and not isinstance(answer, dict):
+        raise ValueError(f"{ARGS_KEY}.answer: expected a JSON schema object, got {type(answer).__name__}")
+    return ConstraintRequest(
+        tuple(tools), data.get("tool_choice", "auto"), parallel, dialect, coverage, raw, answer=answer
+    )
 
 
 def parse_constraint(extra_args: Mapping[str, Any] | None) -> ConstraintRequest | None:

@@ -234,11 +234,15 @@ def test_quality_runs(tmp_path: Path) -> None:
     assert len(report["items"]) == 2 and report["sampling"].startswith("temperature 0")
     assert set(report["configs"]) == {
         *("ours auto", "ours required", "ours named"),
+        *("ours auto + response_format", "ours required + response_format"),
         *("no parser, brackets", "ours brackets auto", "ours brackets required"),
     }
     for summary in report["configs"].values():
         assert summary["items"] >= 1 and summary["tokens_per_reply"] > 0
         assert all(0 <= summary[k] <= 1 for k in ("parse", "valid", "right_tool", "exact"))
-    for required in ("ours required", "ours brackets required"):  # the constraint's promise, even here
-        assert report["configs"][required]["valid"] == 1.0
+    for required in ("ours required", "ours brackets required", "ours required + response_format"):
+        assert report["configs"][required]["valid"] == 1.0  # the constraint's promise, even here
+    typed = report["configs"]["ours auto + response_format"]  # a call or the answer, never neither
+    assert typed["neither"] == 0 and typed["http_errors"] == 0
+    assert "| ours auto + response_format | 2 |" in (tmp_path / "quality.md").read_text()
     assert (tmp_path / "quality.png").stat().st_size > 0 and (tmp_path / "quality.md").exists()

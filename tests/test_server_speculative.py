@@ -93,9 +93,34 @@ def test_drafts_copied_from_the_prompt_are_accepted(server: tuple[str, str, Any,
     assert metric(url, "vllm:spec_decode_num_accepted_tokens_total") > before
 
 
-def test_a_constrained_request_with_response_format_is_refused(server: tuple[str, str, Any, Path]) -> None:
-    url, model, _, _ = server
-    kwargs = {"tool_choice": "required", "max_tokens": 60, "response_format": {"type": "json_object"}}
-    reply = asyncio.run(ask(url, model, Case("both", [WEATHER], kwargs, False)))
-    assert reply.error.startswith("BadRequestError"), reply
-    assert "cannot also ask for structured outputs" in reply.error
+@pytest.mark.parametrize("choice", ["auto", "required", "none"])
+def test_tools_beside_a_response_format_are_served_with_drafts(
+    server: tuple[str, str, Any, Path], choice: str
+) -> None:
+    """The answer's schema is in our turn grammar, the grammar vLLM's structured outputs host
+    under speculative decoding (before: refused, HTTP 400): a required call arrives, and what
+    ``auto`` / ``none`` write is a call or the whole answer, never free text (no logit bias: the
+    budget writes the answer in time)."""
+    url, model, _, log = server
+    answer = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+    formats = [
+        {"type": "json_object"},
+        {"type": "json_schema", "json_schema": {"name": "a", "schema": answer}},
+    ]
+    cases = [
+        Case(choice, [WEATHER], {"tool_choice": choice, "max_tokens": 60, "response_format": f}, stream)
+        for f in formats
+        for stream in (False, True)
+    ]
+
+    async def gather() -> list[Any]:
+        return await asyncio.gather(*(ask(url, model, c) for c in cases))
+
+    for reply in asyncio.run(gather()):
+        assert not reply.error, reply
+        if choice == "required":
+            assert reply.calls, reply
+        elif not reply.calls:  # the answer is owed, and the budget writes it in time
+            assert isinstance(json.loads(reply.content), dict), reply
+        assert choice == "auto" or not (reply.calls and choice == "none"), reply
+    assert "ending a constrained request" not in log.read_text(encoding="utf-8")

@@ -129,7 +129,7 @@ def test_a_constrained_request_cannot_also_ask_for_structured_outputs(runs: dict
         extra_args=constraint_args([TOOL], "required"),
         structured_outputs=StructuredOutputsParams(json={"type": "object"}),
     )
-    with pytest.raises(VLLMValidationError, match="cannot also ask for structured outputs"):
+    with pytest.raises(VLLMValidationError, match=r"together with structured_outputs\.json"):
         runs["llm"].generate([PROMPT], [params], use_tqdm=False)
 
 

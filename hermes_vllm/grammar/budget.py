@@ -15,7 +15,11 @@ latin-1 text, one char a byte) and asks it, before each mask, what the budget de
   with the margin is steered to that completion (policy ``close``), followed by :data:`MARK` in
   the content so the reply says which call the budget closed; policy ``drop`` leaves it to be
   cut (the parsers drop an unclosed call);
-- where no call is owed, no new call may open once its shortest spelling no longer fits.
+- where no call is owed, no new call may open once its shortest spelling no longer fits;
+- a turn with a final answer (a ``response_format`` beside the tools) owes a call or the answer:
+  before either begins, free spans may use only what leaves room for the shortest answer, which is
+  then written; a begun answer is steered to its shortest completion like a call
+  (:class:`~hermes_vllm.grammar.answer.AnswerCompleter`), and a begun call is closed.
 
 What is forced is text; the core writes it with the longest token that spells a prefix of it and
 that the engine's mask allows (:class:`Speller`), so the grammar decides every token.
@@ -29,14 +33,14 @@ from functools import cached_property
 from typing import Any
 
 from hermes_vllm.dialect import Dialect
+from hermes_vllm.grammar.answer import AnswerCompleter
 from hermes_vllm.grammar.compiler import utf8_need
 from hermes_vllm.grammar.completion import CallCompleter
 from hermes_vllm.grammar.engines.base import Vocabulary
+from hermes_vllm.grammar.turn import MARK as MARK
 from hermes_vllm.memo import TextKeyed
 from hermes_vllm.spans import Tail, TextFollower, partial_tag_suffix
 
-MARK = " [closed by max_tokens]"
-"""Content written right after a call that the budget closed (its arguments may be truncated)."""
 _LONGEST = 64
 """Longest token spelling tried when spelling text (characters)."""
 _COUNTED_CHARS = 1 << 20
@@ -166,6 +170,9 @@ class TurnBudget:
         margin: int,
         reserve: int,
         lookahead: int = 0,
+        answer: AnswerCompleter | None = None,
+        answer_reserve: int = 0,
+        answer_lookahead: int = 0,
     ) -> None:
         self.dialect = dialect
         self.completer = completer
@@ -184,6 +191,15 @@ class TurnBudget:
         """The most one token can add to a begun call's shortest completion (in tokens, over the
         turn's tools): a call is steered once what is left is within this of its need plus the
         margin, so that no token the mask allows can leave it unable to finish."""
+        self.answer = answer
+        """The turn's final answer (``None``: the turn has none): owed, like a call under
+        ``required``, until a call begins."""
+        self.answer_reserve = answer_reserve
+        """Tokens the shortest answer needs, plus the margin."""
+        self.answer_lookahead = answer_lookahead
+        """The most one token can add to a begun answer's shortest completion."""
+        self.answer_text = ""
+        """The answer written so far (latin-1), leading whitespace dropped."""
         self.follower = follower
         """The row's text since its last clean point (shared with the processor's gate)."""
         self.span_tokens = 0
@@ -210,7 +226,8 @@ class TurnBudget:
     def alert(self) -> int:
         """From this many tokens left on, the budget must look at every token (clean free text
         included); before it, clean free text without a tag's first byte changes nothing."""
-        return max(self.reserve, 2 * self._need) + self.margin + self.lookahead + 1
+        reserve = max(self.reserve, self.answer_reserve + self.answer_lookahead)
+        return max(reserve, 2 * self._need) + self.margin + max(self.lookahead, self.answer_lookahead) + 1
 
     @property
     def watch_from(self) -> int:
@@ -248,9 +265,13 @@ class TurnBudget:
         )  # fmt: skip
 
     def guarded(self) -> bool:
-        """Inside a call, or before the call a ``required`` turn owes: where a stop string must
+        """Inside a call, or before the call (or answer) the turn owes: where a stop string must
         not end the request (it would cut the call, or leave the reply without one)."""
-        return self.in_call() or (self.required and self.calls_begun == 0)
+        return self.in_call() or self.owes()
+
+    def owes(self) -> bool:
+        """Whether the reply still owes its call (``required``) or its call or answer."""
+        return (self.required or self.answer is not None) and self.calls_begun == 0
 
     def in_call(self) -> bool:
         tail = self.tail
@@ -263,7 +284,19 @@ class TurnBudget:
         if self._utf8 or not piece.isascii():
             self._utf8 = utf8_need(self._utf8, piece)
         span = self.tail.open
-        if not self.follower.feed(piece):
+        before = self.follower.text
+        read = self.follower.feed(piece)
+        if self.answer is not None and span is not None and self.tail.open is None:
+            # A span closed inside this piece: what follows its closing tag is the answer's.
+            assert span.tags is not None
+            end = span.tags.end
+            k = piece.find(end)
+            self._follow_answer(
+                piece[k + len(end) :] if k >= 0 else piece[len(end) - partial_tag_suffix(before, (end,)) :]
+            )
+        elif self.answer is not None and span is None:
+            self._follow_answer(piece)
+        if not read:
             self.span_tokens += span is not None and span.kind != "call"
             return
         new = self.tail
@@ -275,6 +308,13 @@ class TurnBudget:
             self.span_tokens = 0
         if now is not None:
             self.span_tokens = self.span_tokens + 1 if same else 0
+
+    def _follow_answer(self, piece: str) -> None:
+        """Add free text after the lead (spans and whitespace) to the answer, before any call."""
+        tail = self.tail
+        if self.calls_begun or tail.open is not None or tail.begun is not None:
+            return
+        self.answer_text = self.answer_text + piece if self.answer_text else piece.lstrip(" \t\n\r")
 
     def plan(self, consumed: int) -> Plan:
         """What the next token must do, ``consumed`` tokens having been written.
@@ -328,8 +368,8 @@ class TurnBudget:
         rest = end[partial_tag_suffix(self.text, (end,)) :] if tail.end_begun else end
         ahead = self.reasoning_left()
         spent = ahead is not None and ahead <= 0
-        owed = self.required and self.calls_begun == 0
-        if spent or (owed and left <= self.reserve + (self.speller.count(rest) or len(rest))):
+        reserve = self.answer_reserve + self.answer_lookahead if self.answer is not None else self.reserve
+        if spent or (self.owes() and left <= reserve + (self.speller.count(rest) or len(rest))):
             # Inside a split character the tag would follow invalid UTF-8: finish it first.
             return self._start(("" if tail.end_begun else _finish_character(self.text)) + rest)
         if ahead is not None and ahead <= _SPLIT_WINDOW and not tail.end_begun:
@@ -341,11 +381,32 @@ class TurnBudget:
         still fits; where no call is owed, refuse one that would not fit."""
         tail = self.tail
         spans = self.reasoning_left() == 0
+        if self.answer is not None and self.calls_begun == 0 and tail.begun is None:
+            plan = self._plan_answer(left)
+            if plan.force:
+                return plan
         if self.required and self.calls_begun == 0:
             if left <= self.reserve + self.margin and tail.begun is None:
                 return self._start(as_latin1(self.dialect.tool_call.begin))
             return _bans(call=False, spans=spans)
         return _bans(call=left <= self.reserve and tail.begun is None, spans=spans)
+
+    def _plan_answer(self, left: int) -> Plan:
+        """The answer the turn owes: once only it still fits, its shortest spelling (before it
+        begins) or its shortest completion (once begun), within the margin and the lookahead."""
+        assert self.answer is not None
+        written = self.answer_text.encode("latin-1").decode("utf-8", errors="replace")
+        completion = self.answer.complete(written, self.speller.tokens)
+        if not completion:  # complete already, or no reading known
+            return NOTHING
+        text = _finish_character(self.answer_text) + as_latin1(completion)
+        need = self.speller.count(text)
+        if need is None:
+            return NOTHING
+        self._need = need
+        if left > need + self.margin + self.answer_lookahead:
+            return NOTHING
+        return self._start(text)
 
     def _start(self, text: str) -> Plan:
         self.forcing = text

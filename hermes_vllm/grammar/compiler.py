@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -25,9 +25,17 @@ from hermes_vllm.grammar.engines.base import (
     Vocabulary,
     allocate_bitmask,
 )
-from hermes_vllm.grammar.turn import TurnSpec, turn_spec
+from hermes_vllm.grammar.turn import ANSWER_NAME, TurnSpec, turn_spec
 from hermes_vllm.memo import memoize_small
-from hermes_vllm.schema import Coverage, ToolSpec, UnsatisfiableToolError, check_coverage, read_tools
+from hermes_vllm.schema import (
+    Coverage,
+    ToolSchemaError,
+    ToolSpec,
+    UnsatisfiableToolError,
+    check_coverage,
+    normalize_tool,
+    read_tools,
+)
 from hermes_vllm.settings import Limits, get_limits
 from hermes_vllm.spans import read_tail
 
@@ -68,21 +76,41 @@ def prepare_turn(
     limits: Limits,
     *,
     admitted: bool = False,
+    answer: Mapping[str, Any] | None = None,
 ) -> PreparedTurn:
     """Validate a request against the schema rules, the limits and the engine's keyword coverage.
 
     Needs no tokenizer, so the frontend can run it on admission and answer HTTP 400. ``admitted``
     (the engine side of a request the frontend already checked) skips the metaschema check.
+    ``answer`` (the final answer's JSON schema) is read like a tool's arguments, named
+    :data:`ANSWER_NAME` in errors; an engine that cannot write one beside calls refuses it.
     """
     specs, unusable = read_tools(tools, limits, check_metaschema=not admitted)
-    spec = turn_spec(specs, tool_choice, parallel_tool_calls, dialect, limits.max_call_whitespace, unusable)
-    covered, needs_validation = check_coverage(spec.tools, engine.supported_keywords, engine.name, coverage)
+    answer_spec = None
+    if answer is not None:
+        answer_spec = normalize_tool(
+            {"name": ANSWER_NAME, "parameters": answer}, 0, limits, check_metaschema=not admitted
+        )
+    spec = turn_spec(
+        specs, tool_choice, parallel_tool_calls, dialect, limits.max_call_whitespace, unusable, answer_spec
+    )
+    if spec.answers and not engine.answers:
+        raise ToolSchemaError(
+            ANSWER_NAME, "", f"the {engine.name} engine cannot serve a response_format beside tools "
+            "(HERMES_VLLM_ENGINE=xgrammar or auto can)",
+        )  # fmt: skip
+    both = (*spec.tools, spec.answer) if spec.answers and spec.answer is not None else spec.tools
+    covered, needs_validation = check_coverage(both, engine.supported_keywords, engine.name, coverage)
+    kept = covered[: len(spec.tools)]
     return PreparedTurn(
-        TurnSpec(spec.dialect, covered, spec.mode, spec.parallel, spec.max_whitespace),
+        TurnSpec(
+            spec.dialect, kept, spec.mode, spec.parallel, spec.max_whitespace,
+            covered[-1] if spec.answers else spec.answer,
+        ),
         needs_validation,
         spec.tools,
         unusable,
-    )
+    )  # fmt: skip
 
 
 @memoize_small(lambda raw, *args, **kwargs: len(raw))
@@ -99,7 +127,7 @@ def prepare_constraint(
     request = decode_constraint(raw)
     return prepare_turn(
         list(request.tools), request.tool_choice, request.parallel_tool_calls, request.dialect,
-        request.coverage, engine, limits, admitted=admitted,
+        request.coverage, engine, limits, admitted=admitted, answer=request.answer,
     )  # fmt: skip
 
 
@@ -314,7 +342,7 @@ class CompiledToolGrammar:
         stops = tuple(dict.fromkeys((*self.vocab.stop_token_ids, *(stop_token_ids or ()))))
         spec = self.spec
         gate = None
-        if gated and spec.mode == "auto" and spec.parallel and self.vocab.gate_allowed(spec.dialect):
+        if gated and spec.free_text and spec.parallel and self.vocab.gate_allowed(spec.dialect):
             gate = _Gate(spec.dialect, self.vocab.latin1, self._start(stops))
         return ToolCallMatcher(partial(self.grammar.matcher, stops), self.vocab.tokenizer, gate)
 

@@ -1,8 +1,10 @@
-"""The engine-independent description of one turn's grammar: dialect, tools and tool_choice.
+"""The engine-independent description of one turn's grammar: dialect, tools, tool_choice, answer.
 
 A :class:`TurnSpec` is what every engine backend compiles and what the cache is keyed by. The
 shape it describes (free text, opaque reasoning/hidden spans, tool-call spans holding exactly one
-schema-valid call) is written out once per engine in ``grammar/engines/``.
+schema-valid call) is written out once per engine in ``grammar/engines/``. A turn with an
+*answer* (the request's ``response_format`` beside its tools) has no free text: reasoning, then
+either calls or the answer as JSON matching its schema.
 """
 
 from __future__ import annotations
@@ -22,6 +24,12 @@ LEAD_WHITESPACE = 4
 come first (``required``): Qwen 3 writes two newlines after ``</think>``. Bounded like whitespace in
 a call, so a weak model cannot loop on it."""
 
+MARK = " [closed by max_tokens]"
+"""Content written right after a call that the budget closed (its arguments may be truncated);
+a turn with an answer admits it after its last call, where it admits no other text."""
+ANSWER_NAME = "response_format"
+"""What errors call the final answer's schema (it is read like a tool's arguments)."""
+
 Mode = Literal["auto", "required", "none"]
 """``auto``: calls optional; ``required``: at least one call (named choice = required over one tool);
 ``none``: no call span may open."""
@@ -36,6 +44,21 @@ class TurnSpec:
     mode: Mode
     parallel: bool
     max_whitespace: int
+    answer: ToolSpec | None = None
+    """The final answer's schema (``response_format`` / ``structured_outputs`` JSON), normalised
+    like a tool's arguments. Under ``required`` it is unused (the turn owes calls, as OpenAI serves
+    it) but still makes the turn calls only: no free text after them either."""
+
+    @property
+    def answers(self) -> bool:
+        """Whether the turn may end with its answer (``auto`` and ``none`` with an answer)."""
+        return self.answer is not None and self.mode != "required"
+
+    @property
+    def free_text(self) -> bool:
+        """Whether text outside calls and spans is the model's own (``auto`` without an answer):
+        only then may a gate leave the engine alone between calls."""
+        return self.mode == "auto" and self.answer is None
 
     def key(self) -> str:
         """Canonical text of the spec: equal specs compile to equal grammars."""
@@ -45,7 +68,10 @@ class TurnSpec:
     def _key(self) -> str:
         """Written once per spec: a prepared turn is reused by every request that resends its tools."""
         tools = [[t.name, t.parameters] for t in self.tools]
-        return canonical_json([self.dialect.name, self.mode, self.parallel, self.max_whitespace, tools])
+        key = [self.dialect.name, self.mode, self.parallel, self.max_whitespace, tools]
+        if self.answer is not None:  # under required only its presence counts: calls only
+            key.append(self.answer.parameters if self.answers else True)
+        return canonical_json(key)
 
 
 def resolve_tool_choice(names: Sequence[str], tool_choice: Any) -> tuple[Mode, frozenset[str]]:
@@ -71,8 +97,13 @@ def turn_spec(
     dialect: str | Dialect = "hermes",
     max_whitespace: int = 1,
     unusable: Sequence[UnsatisfiableToolError] = (),
+    answer: ToolSpec | None = None,
 ) -> TurnSpec:
     """Build the spec of a turn from normalised tools and the request's tool options.
+
+    ``answer`` (the final answer's schema): the turn is calls or that answer under ``auto``,
+    the answer under ``none``, calls only where a call is required (the answer unused, as OpenAI
+    serves ``tool_choice="required"`` beside a ``response_format``).
 
     The ``unusable`` tools (no call can satisfy them) are named in the request, so ``tool_choice``
     may name them, but no call to them can be written: they are left out. Refused only where the
@@ -88,7 +119,12 @@ def turn_spec(
     if not chosen:
         mode = "none"  # ``auto`` with no tool a call can use: nothing can be called, which is ``none``
     return TurnSpec(
-        get_dialect(dialect), chosen if mode != "none" else (), mode, parallel_tool_calls, max_whitespace
+        get_dialect(dialect),
+        chosen if mode != "none" else (),
+        mode,
+        parallel_tool_calls,
+        max_whitespace,
+        answer,
     )
 
 

@@ -34,6 +34,7 @@ from hermes_vllm.constraint import constraint_args
 from hermes_vllm.dialect import DEFAULT_DIALECT, TagPair, get_dialect
 from hermes_vllm.grammar.budget import register_tokenizer
 from hermes_vllm.parsers import finish_reason
+from hermes_vllm.parsers.answer import take_answer
 from hermes_vllm.parsers.responses_api import responses_tool_choice, responses_tools
 from hermes_vllm.parsers.shared import delta_message, keep_special_tags, own_constraint, prompt_opened
 from hermes_vllm.parsers.span_stream import Released, SpanStream
@@ -102,7 +103,10 @@ class DialectToolParser(ToolParser):  # type: ignore[misc]
         for ``"none"`` even without a reasoning parser because :mod:`hermes_vllm.parsers.always_adjust`
         asks it to. A constraint a client sent under the same key is replaced: it must be the
         request's own tools and tool_choice. An empty ``tools`` list is no tools (see
-        :func:`_no_tools`).
+        :func:`_no_tools`). A ``response_format`` (Responses: ``text.format``) or
+        ``structured_outputs`` JSON schema becomes the turn's final answer
+        (:mod:`hermes_vllm.parsers.answer`): calls or that answer, and vLLM's structured output
+        stands aside.
         """
         if not request.tools:
             if isinstance(request, ChatCompletionRequest) and request.tools is not None:
@@ -121,6 +125,7 @@ class DialectToolParser(ToolParser):  # type: ignore[misc]
             tool_choice=tool_choice,
             parallel_tool_calls=request.parallel_tool_calls is not False,
             dialect=self.dialect.name,
+            answer=take_answer(request),
         )
         request.vllm_xargs = {**(request.vllm_xargs or {}), **args}
         keep_special_tags(request, self.model_tokenizer, self.dialect)

@@ -38,6 +38,7 @@ import xgrammar as xgr
 from hermes_vllm.constraint import ConstraintRequest, parse_constraint
 from hermes_vllm.dialect import Dialect
 from hermes_vllm.grammar import GrammarCompileError, ToolGrammarCompiler
+from hermes_vllm.grammar.answer import AnswerCompleter
 from hermes_vllm.grammar.budget import (
     NOTHING,
     Plan,
@@ -84,6 +85,8 @@ def validate_request(extra_args: Any, engine: str, max_tokens: int | None = None
     request = parse_constraint(extra_args)
     if request is not None:
         prepared = _validate(request, engine)
+        speller = frontend_speller()
+        _check_answer(request, engine, max_tokens, speller)
         if prepared.spec.mode == "required":
             unknown = completer_of(request, engine).unknown()
             if unknown:
@@ -91,7 +94,6 @@ def validate_request(extra_args: Any, engine: str, max_tokens: int | None = None
                     f"{'; '.join(unknown)}: the call this tool_choice requires could not be "
                     "promised within max_tokens; simplify that schema"
                 )
-        speller = frontend_speller()
         if max_tokens is not None and prepared.spec.mode == "required" and speller is not None:
             text = shortest_call_tokens(request, engine, speller)
             reserve = turn_reserve(request, engine, speller)
@@ -106,11 +108,58 @@ def validate_request(extra_args: Any, engine: str, max_tokens: int | None = None
     return request
 
 
+def _check_answer(
+    request: ConstraintRequest, engine: str, max_tokens: int | None, speller: Speller | None
+) -> None:
+    """Refuse a turn with an answer whose answer could not be promised within ``max_tokens``: its
+    schema has no shortest value, or ``max_tokens`` is below its reserve."""
+    answer = answer_of(request, engine)
+    if answer is None:
+        return
+    unknown = answer.unknown()
+    if unknown:
+        raise ValueError(
+            f"{'; '.join(unknown)}: the answer this turn owes could not be promised within "
+            "max_tokens; simplify that schema"
+        )
+    needed = 0 if speller is None else answer_reserve(request, engine, speller)
+    if max_tokens is not None and max_tokens < needed:
+        raise ValueError(
+            f"max_tokens={max_tokens} cannot hold the shortest answer the response_format asks "
+            f"for: {needed} tokens (its shortest spelling plus a margin of "
+            f"{get_limits().budget_margin}, HERMES_VLLM_BUDGET_MARGIN); raise max_tokens"
+        )
+
+
+STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
+"""The fields of vLLM's ``StructuredOutputsParams`` that constrain the output."""
+
+
+def refuse_structured_outputs(request: ConstraintRequest, structured: Any) -> None:
+    """Refuse a constrained request that still carries vLLM structured outputs: ``ValueError``.
+
+    vLLM's grammar masks every token the turn grammar needs for a call (and under ``required``
+    the two masks leave nothing, which vLLM's backend answers with HTTP 500), so no such request
+    is admitted. The tool parser moves a ``response_format`` / ``structured_outputs`` JSON schema
+    beside ``tools`` into the turn grammar before this check; what reaches it is what the turn
+    grammar cannot take (a regex, a choice, a grammar, a structural tag) or a client's own
+    constraint sent beside structured outputs.
+    """
+    kinds = [k for k in STRUCTURED_KINDS if getattr(structured, k, None) not in (None, False)]
+    named = ", ".join(f"structured_outputs.{k}" for k in kinds) or "structured_outputs"
+    raise ValueError(
+        f"hermes-vllm cannot serve tools (tool_choice={request.tool_choice!r}) together with {named}: "
+        "vLLM's structured output would mask the tool calls; send the answer's JSON schema as "
+        "response_format (or structured_outputs.json) beside the tools, which the turn grammar "
+        "serves, or drop one of the two"
+    )
+
+
 def turn_reserve(request: ConstraintRequest, engine: str, speller: Speller) -> int:
     """The tokens a turn keeps for its call (:func:`call_reserve`), as both the frontend's check
     and the engine's budget count them."""
-    required = _validate(request, engine).spec.mode == "required"
-    close = request.budget.closes(required)
+    spec = _validate(request, engine).spec
+    close = request.budget.closes(spec.mode == "required" or spec.answer is not None)
     return call_reserve(
         shortest_call_tokens(request, engine, speller), close, speller, get_limits().budget_margin
     )
@@ -131,6 +180,25 @@ def completer_of(request: ConstraintRequest, engine: str) -> CallCompleter:
     budget read the same turn)."""
     spec = _validate(request, engine).spec
     return CallCompleter(spec.dialect, [(t.name, t.parameters) for t in spec.tools])
+
+
+@memoize_small(lambda request, engine: len(request.raw))
+def answer_of(request: ConstraintRequest, engine: str) -> AnswerCompleter | None:
+    """The turn's answer completer (``None`` where the turn has no answer), cached by the
+    constraint."""
+    spec = _validate(request, engine).spec
+    if not spec.answers or spec.answer is None:
+        return None
+    return AnswerCompleter(spec.dialect, spec.answer.parameters)
+
+
+def answer_reserve(request: ConstraintRequest, engine: str, speller: Speller) -> int:
+    """The tokens a turn with an answer keeps for it: its shortest spelling plus the margin
+    (0 where the turn has no answer), as both the frontend's check and the engine's budget count
+    them."""
+    answer = answer_of(request, engine)
+    shortest = None if answer is None else answer.shortest(speller.tokens)
+    return 0 if shortest is None else call_reserve(shortest, False, speller, get_limits().budget_margin)
 
 
 @memoize_small(lambda request, engine, speller: len(request.raw))
@@ -189,6 +257,9 @@ class RowState:
     refused_stops: tuple[str, ...] = ()
     """The request's stop strings (latin-1): no token may complete one inside a call, nor before
     the call a ``required`` turn owes."""
+    ended: bool = False
+    """The engine accepted a stop token: the turn is over, only stop tokens are allowed (an
+    engine refuses to mask after its end; vLLM asks for no mask there, a row kept on may)."""
     refused_in_calls: tuple[str, ...] = ()
     """The reasoning tag, refused inside calls when vLLM's own thinking budget watches the row
     (vLLM would start counting a span there and force its closing tag into the call)."""
@@ -321,10 +392,10 @@ class ConstraintCore:
         compiler = self.compiler
         prepared = prepare_constraint(request.raw, type(compiler.engine), compiler.limits, admitted=True)
         stops = tuple(dict.fromkeys((*self.compiler.vocab.stop_token_ids, *stop_token_ids)))
-        gated = prepared.spec.mode == "auto" and self.compiler.vocab.gate_allowed(prepared.spec.dialect)
+        gated = prepared.spec.free_text and self.compiler.vocab.gate_allowed(prepared.spec.dialect)
         follower = TextFollower(prepared.spec.dialect)
         state = RowState(request, prepared, self.compiler.submit(prepared), stops, gated, follower)
-        if max_tokens is not None and prepared.spec.mode != "none":
+        if max_tokens is not None and (prepared.spec.mode != "none" or prepared.spec.answer is not None):
             self._budget(state, max_tokens, thinking_budget, stop)
         if gated:
             state.watch = self._begin_bytes(state.dialect)
@@ -342,12 +413,16 @@ class ConstraintCore:
         spec = state.prepared.spec
         required = spec.mode == "required"
         options = state.request.budget
+        answer = answer_of(state.request, self.engine)
         budget = TurnBudget(
             spec.dialect, state.follower, completer_of(state.request, self.engine), self.speller,
             max_tokens=max_tokens, reasoning_budget=options.turn_budget(thinking), required=required,
-            close=options.closes(required), margin=get_limits().budget_margin,
+            # A turn owing a call or an answer closes a cut call: dropped, the reply had neither.
+            close=options.closes(required or answer is not None), margin=get_limits().budget_margin,
             reserve=turn_reserve(state.request, self.engine, self.speller),
             lookahead=lookahead_of(state.request, self.engine, self.speller),
+            answer=answer, answer_reserve=answer_reserve(state.request, self.engine, self.speller),
+            answer_lookahead=0 if answer is None else answer.lookahead(self.speller.tokens),
         )  # fmt: skip
         state.budget = budget
         state.quiet_until = budget.watch_from
@@ -480,6 +555,7 @@ class ConstraintCore:
             if not state.matcher.accept_token(token):
                 self._fail(state, f"sampled token {token} is outside the grammar")
                 return
+        state.ended = bool(tokens) and state.matcher.is_terminated()
 
     def _fail(self, state: RowState, reason: str) -> None:
         """Stop the row: from now on only its stop tokens are allowed, never unconstrained text."""
@@ -548,6 +624,10 @@ class ConstraintCore:
         sparse: list[tuple[int, torch.Tensor]] = []
         engine_rows: list[tuple[int, ToolCallMatcher]] = []
         for row, state in rows:
+            if state.ended:
+                self._allow_only(row, state.stop_ids)
+                masked.append(row)
+                continue
             budget = state.budget
             if budget is not None and state.failed is None:
                 plan = budget.plan(state.consumed)

@@ -54,18 +54,14 @@ _missing: str | None = None
 
 
 def route(params: SamplingParams) -> None:
-    """Frontend: make a constrained request a structured-output request our grammar serves."""
+    """Frontend: make a constrained request a structured-output request our grammar serves.
+
+    Admission refused any other structured outputs already (a ``response_format`` beside tools
+    is in the turn grammar by then), so the request holds none or the marker itself."""
     from vllm.sampling_params import StructuredOutputsParams
 
-    current = params.structured_outputs
-    if current is None:
+    if params.structured_outputs is None:
         params.structured_outputs = StructuredOutputsParams(choice=[MARKER])
-    elif not _is_marker(current):
-        raise ValueError(
-            "under speculative decoding a hermes-vllm tool-call constraint is served as vLLM's "
-            "structured output, so the request cannot also ask for structured outputs "
-            "(response_format, structured_outputs); drop one of the two"
-        )
 
 
 def _is_marker(outputs: Any) -> bool:

@@ -24,7 +24,7 @@ from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsProcessor
 from hermes_vllm.constraint import check_special_tags
 from hermes_vllm.processor import speculative
 from hermes_vllm.processor.config import core_for_config, engine_name
-from hermes_vllm.processor.core import PROMPT_TAIL, RowState, validate_request
+from hermes_vllm.processor.core import PROMPT_TAIL, RowState, refuse_structured_outputs, validate_request
 from hermes_vllm.processor.handshake import announced_special_tags, runner_active, status
 
 if TYPE_CHECKING:
@@ -48,6 +48,8 @@ def validate_constraint(params: SamplingParams) -> None:
     request = validate_request(params.extra_args, engine_name(), params.max_tokens)
     if request is None:
         return
+    if params.structured_outputs is not None and not speculative.is_marked(params):
+        refuse_structured_outputs(request, params.structured_outputs)
     if not _active_seen:
         active, detail = status()
         if not active:

@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol
@@ -80,6 +80,9 @@ class Scenario:
     """vLLM's ``thinking_token_budget``."""
     vllm_thinking: bool = False
     """Play vLLM's own thinking budget too (it forces the closing tag over any mask)."""
+    answer: Mapping[str, Any] | None = None
+    """The final answer's JSON schema (a ``response_format`` beside the tools): under ``auto``
+    and ``none`` the reply owes a call or that answer."""
 
 
 @dataclass
@@ -91,7 +94,9 @@ class Outcome:
     """The reply as decoded (a stop string and what follows cut off, as vLLM returns it)."""
     tokens: int
     owed: bool
-    """The turn owed a call (``required`` / named)."""
+    """The turn owed a call (``required`` / named), or a call or its answer."""
+    answered: bool = False
+    """The reply's content (outside spans and calls) is a whole answer valid for its schema."""
     calls: int = 0
     """Complete calls, each valid for its tool."""
     invalid: list[str] = field(default_factory=list)
@@ -114,7 +119,7 @@ class Outcome:
         """The budgets' promise held: the owed call is there, every call is valid, no span ran
         over ``budget``, the row did not fail, and (owed) no call was left cut."""
         spans_ok = budget is None or all(n <= budget for n in self.spans)
-        owed_ok = not self.owed or (self.calls > 0 and not self.cut)
+        owed_ok = not self.owed or (self.calls > 0 and not self.cut) or self.answered
         return owed_ok and spans_ok and not self.invalid and self.failed is None
 
 
@@ -460,16 +465,16 @@ def run(
     driver: Driver = CoreDriver(core) if isinstance(core, ConstraintCore) else core
     tools = _tools(scenario.tools)
     choice = scenario.choice
-    if choice not in ("required", "auto"):
+    if choice not in ("required", "auto", "none"):
         choice = {"type": "function", "function": {"name": choice}}
-    state = driver.admit(constraint_args(tools, choice), scenario)
+    state = driver.admit(constraint_args(tools, choice, answer=scenario.answer), scenario)
     latin1 = driver.core.compiler.vocab.latin1
     dialect = state.dialect
     marks = _marks_for(driver.core, dialect)
     end_id = marks.reasoning_end
     pick = _SAMPLERS[sampler]
     rng = random.Random(seed)
-    outcome = Outcome(sampler, "", 0, owed=scenario.choice != "auto")
+    outcome = Outcome(sampler, "", 0, owed=scenario.choice != "auto" or scenario.answer is not None)
     out: list[int] = []
     text = ""
     span: int | None = None  # vLLM's count in the open span
@@ -529,8 +534,16 @@ def _judge(
     token_ids: Sequence[int],
 ) -> None:
     schemas = {s.name: s.parameters for s in normalize_tools(tools)}
-    named = scenario.choice if scenario.choice not in ("required", "auto") else None
-    for span in split_spans(outcome.text, dialect, strict=True):
+    named = scenario.choice if scenario.choice not in ("required", "auto", "none") else None
+    spans = split_spans(outcome.text, dialect, strict=True)
+    if scenario.answer is not None:
+        content = "".join(s.body for s in spans if s.kind == "text")
+        try:
+            jsonschema.validate(json.loads(content), scenario.answer)
+            outcome.answered = True
+        except (ValueError, jsonschema.ValidationError):
+            outcome.answered = False
+    for span in spans:
         if span.kind != "call":
             continue
         if not span.closed:

@@ -44,7 +44,7 @@ _LLGUIDANCE_FORMATS = frozenset(
 
 def prefers_llguidance(turn: TurnSpec) -> bool:
     """Whether ``turn`` holds a bounded string or a keyword only llguidance enforces."""
-    for tool in turn.tools:
+    for tool in (*turn.tools, *([turn.answer] if turn.answers and turn.answer is not None else [])):
         for _, sub in iter_subschemas(tool.parameters):
             if sub.get("format") in _LLGUIDANCE_FORMATS:
                 return True
@@ -69,6 +69,7 @@ def _refuse_multiples(turn: TurnSpec) -> None:
 class AutoEngine(GrammarEngine):
     name = "auto"
     supported_keywords = XGRAMMAR_KEYWORDS | LLGUIDANCE_KEYWORDS
+    answers = True
 
     def __init__(self, vocab: Vocabulary) -> None:
         super().__init__(vocab)
@@ -81,6 +82,12 @@ class AutoEngine(GrammarEngine):
 
     @classmethod
     def check(cls, turn: TurnSpec) -> None:
+        if turn.answers and prefers_llguidance(turn):
+            raise ValueError(
+                "a response_format beside tools is written by xgrammar only, and these schemas need "
+                "llguidance (a string with minLength, maxLength or pattern, an email, hostname or uri "
+                "format, or a keyword xgrammar cannot enforce); drop the response_format or those keywords"
+            )
         if prefers_llguidance(turn):
             _refuse_multiples(turn)
             LLGuidanceEngine.check(turn)

@@ -121,6 +121,9 @@ class GrammarEngine(ABC):
     name: ClassVar[str]
     supported_keywords: ClassVar[frozenset[str]]
     """JSON Schema keywords the engine enforces; others are refused or stripped by coverage policy."""
+    answers: ClassVar[bool] = False
+    """Whether the engine writes a turn with a final answer's schema (:attr:`TurnSpec.answer`);
+    the others refuse such a request at admission."""
 
     def __init__(self, vocab: Vocabulary) -> None:
         self.vocab = vocab

@@ -58,6 +58,7 @@ def composable(turn: TurnSpec, vocab: Vocabulary, min_tools: int) -> bool:
     return (
         0 < min_tools <= len(turn.tools)
         and turn.mode != "none"
+        and turn.answer is None
         and d.key_order in ("name_first", "either")
         and vocab.gate_allowed(d)
         and _border_free(d.tool_call.begin)

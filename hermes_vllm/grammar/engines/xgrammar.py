@@ -45,9 +45,9 @@ from hermes_vllm.grammar.engines.ebnf import (
     split_rules,
 )
 from hermes_vllm.grammar.pattern import literal_characters
-from hermes_vllm.grammar.turn import LEAD_WHITESPACE, TurnSpec
+from hermes_vllm.grammar.turn import LEAD_WHITESPACE, MARK, TurnSpec
 from hermes_vllm.memo import memoize_small
-from hermes_vllm.schema import canonical_json, canonical_value, iter_subschemas
+from hermes_vllm.schema import ToolSpec, canonical_json, canonical_value, iter_subschemas
 from hermes_vllm.schema.formats import formats_as_patterns
 from hermes_vllm.schema.spec import pointer
 from hermes_vllm.settings import get_limits
@@ -126,16 +126,37 @@ def _arguments_rules(index: int, parameters: Any, max_whitespace: int, basics: d
     return [(renamed[name], rename(body, renamed)) for name, body in rules.items() if name in renamed]
 
 
-def _call_rules(turn: TurnSpec, gap: str) -> list[Rule]:
+_STRING_CHARACTERS = re.compile(r'\[\^((?:\\0-\\x1f)?\\"\\\\\\r\\n)\]')
+"""The character classes of a JSON string's unescaped characters in xgrammar's conversion."""
+
+
+def _answer_rules(turn: TurnSpec, answer: ToolSpec) -> list[Rule]:
+    """The final answer's grammar, ``t<n>_root`` after the turn's n tools, with rules of its own
+    (none shared with the calls): its strings may not hold a tag's first character unescaped, so
+    no tag can be spelled inside the answer (``<`` is written ``\\u003c``, which JSON reads as
+    ``<``). The answer is free text to every reader of spans (parsers, the processor's budget):
+    a raw tag there would open a call or a reasoning span in their eyes."""
+    d = turn.dialect
+    firsts = sorted({t[0] for t in (d.tool_call.begin, *(p.begin for p in d.free_spans), *d.parsed_tags)})
+    banned = "".join("\\" + c if c in "[]^-\\" else c for c in firsts)
+    text = json.dumps(canonical_value(answer.parameters), ensure_ascii=False)
+    rules, _ = _schema_rules(text, turn.max_whitespace)
+    renamed = {name: f"t{len(turn.tools)}_{name}" for name in rules}
+    return [
+        (renamed[name], _STRING_CHARACTERS.sub(lambda m: f"[^{m.group(1)}{banned}]", rename(body, renamed)))
+        for name, body in rules.items()
+    ]
+
+
+def _call_rules(turn: TurnSpec, gap: str, basics: dict[str, str]) -> list[Rule]:
     """``turn_call``: the call tag around ``{"name": NAME, "arguments": ARGS}`` (or arguments
     first), any tool. The text shared by all tools (the brace and the first key) is written once,
-    so a tool set of n tools adds n small branches rather than n copies of the call's head."""
+    so a tool set of n tools adds n small branches rather than n copies of the call's head. The
+    basic JSON rules go to ``basics``, for the caller to write once."""
     d = turn.dialect
-    basics: dict[str, str] = {}
     rules: list[Rule] = []
     for i, tool in enumerate(turn.tools):
         rules += _arguments_rules(i, tool.parameters, turn.max_whitespace, basics)
-    rules += basics.items()
     names = [_literal(json.dumps(t.name, ensure_ascii=False)) for t in turn.tools]
     orders = ("name_first", "arguments_first") if d.key_order == "either" else (d.key_order,)
     heads = []
@@ -173,10 +194,15 @@ def turn_ebnf(
     d = turn.dialect
     gap, lead = f"turn_ws{{0, {turn.max_whitespace}}}", f"turn_ws{{0, {LEAD_WHITESPACE}}}"
     rules: list[Rule] = [("turn_ws", "(([ \\t\\n\\r]))")]
+    basics: dict[str, str] = {}
     if call is not None:
         rules += call
     elif turn.mode != "none":
-        rules += _call_rules(turn, gap)
+        rules += _call_rules(turn, gap, basics)
+    answer = f"t{len(turn.tools)}_root"
+    if turn.answers and turn.answer is not None:
+        rules += _answer_rules(turn, turn.answer)
+    rules += basics.items()
 
     # Free text is text holding no tag's begin, then tags each followed by such text. Spelled
     # this way rather than as xgrammar's triggered tags, the text rule is the same for every
@@ -202,6 +228,26 @@ def turn_ebnf(
 
     if after_call is not None:
         body = f"{after_call(gap)} {free_text(turn.parallel)}"
+    elif turn.answer is not None:
+        # No free text: reasoning, then the calls or the answer (calls only under required, the
+        # answer only under none), then only whitespace; the last call may be followed by the
+        # mark of a call the budget closed. The output ends nowhere else: a reply holds a
+        # complete call or a complete answer.
+        mark = _choice(["", _literal(MARK)])
+        calls = f"turn_call {mark}"
+        if turn.parallel and turn.mode != "none":
+            rules.append(("turn_calls", _choice([mark, f"{lead} turn_call turn_calls"])))
+            calls = "turn_call turn_calls"
+        ending = {"auto": _choice([calls, answer]), "required": calls, "none": answer}[turn.mode]
+        body = f"{lead} {ending} {lead}"
+        if spans:
+            rules += [
+                ("turn_lead_span", _choice(spans)),
+                ("turn_lead", _choice(["", f"{lead} turn_lead_span turn_lead"])),
+            ]
+            body = f"turn_lead {body}"
+        rules.append(("root", f"(({body}))"))
+        return join_rules(rules)
     elif turn.mode == "none":
         body = free_text(False)
     elif turn.mode == "auto" and turn.parallel:
@@ -283,7 +329,7 @@ def _refuse_raw_patterns(turn: TurnSpec) -> None:
     """xgrammar matches a ``pattern`` against the raw JSON text of the string: a quote or a
     backslash the pattern names is written unescaped (``{"n": ""q"}`` for ``^"q$``), which is
     invalid JSON. Its classes, ranges and ``.`` leave both out, so only named ones are refused."""
-    for tool in turn.tools:
+    for tool in (*turn.tools, *([turn.answer] if turn.answers and turn.answer is not None else [])):
         for path, sub in iter_subschemas(tool.parameters):
             pattern = sub.get("pattern")
             raw = literal_characters(pattern) & {'"', "\\"} if isinstance(pattern, str) else set()
@@ -321,6 +367,7 @@ def tool_ebnf(turn: TurnSpec) -> str:
 class XGrammarEngine(GrammarEngine):
     name = "xgrammar"
     supported_keywords = XGRAMMAR_KEYWORDS
+    answers = True
 
     def __init__(self, vocab: Vocabulary) -> None:
         super().__init__(vocab)
