@@ -257,12 +257,9 @@ MANAGER_CREATE = _point(
 STRUCTURED_PARAMS = _point(
     "vllm.sampling_params:StructuredOutputsParams",
     "type",
-    "processor/speculative.py",
-    "as MANAGER_INIT",
-    "choice",
-    "grammar",
-    "json",
-    "_backend",
+    "processor/speculative.py processor/core.py parsers/answer.py",
+    "as MANAGER_INIT; its kinds are read to refuse what the turn grammar cannot take",
+    *("choice", "grammar", "json", "json_object", "regex", "structural_tag", "_backend"),
 )
 
 # The OpenAI server's parsers (parsers/).
@@ -362,20 +359,17 @@ PROTOCOL = tuple(
 CHAT_REQUEST = _point(
     "vllm.entrypoints.openai.chat_completion.protocol:ChatCompletionRequest",
     "type",
-    "parsers/tool_parser.py parsers/reasoning_parser.py",
+    "parsers/tool_parser.py parsers/reasoning_parser.py parsers/answer.py",
     "the parsers do not import",
-    "tools",
-    "tool_choice",
-    "vllm_xargs",
-    "skip_special_tokens",
+    *("tools", "tool_choice", "vllm_xargs", "skip_special_tokens", "response_format", "structured_outputs"),
+    "extract_structured_outputs",
 )
 RESPONSES_REQUEST = _point(
     "vllm.entrypoints.openai.responses.protocol:ResponsesRequest",
     "type",
-    "parsers/tool_parser.py parsers/reasoning_parser.py",
+    "parsers/tool_parser.py parsers/reasoning_parser.py parsers/answer.py",
     "the parsers do not import",
-    "tools",
-    "tool_choice",
+    *("tools", "tool_choice", "text", "structured_outputs", "extract_structured_outputs"),
 )
 TOOL_CALL_ID = _point(
     "vllm.renderers.chat_utils:make_tool_call_id",
