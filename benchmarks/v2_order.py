@@ -41,16 +41,10 @@ from hermes_vllm.processor import ToolCallLogitsProcessor
 from hermes_vllm.processor.config import new_core
 from hermes_vllm.processor.hosted import RowHost
 from hermes_vllm.testing import tiny_model_path
+from hermes_vllm.testing.budget_scenarios import WEATHER as TOOL
 from hermes_vllm.testing.engine import engine_config
 from hermes_vllm.testing.v2_runner import CALL_ORDERS, V2Runner, context, play_step
 
-TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 TURN = (
     "Let me look that up for you.\n<tool_call>\n"
     '{"name": "get_weather", "arguments": {"city": "'
