@@ -20,10 +20,9 @@ import pytest
 import torch
 
 from hermes_vllm import constraint_args
+from hermes_vllm.budget import MARK, CallCompleter, Speller
 from hermes_vllm.grammar import ToolGrammarCompiler
-from hermes_vllm.grammar.budget import MARK, Speller
 from hermes_vllm.grammar.cache import GrammarCache
-from hermes_vllm.grammar.completion import CallCompleter
 from hermes_vllm.grammar.engines.base import allocate_bitmask
 from hermes_vllm.processor.core import ConstraintCore
 from hermes_vllm.spans import split_spans
@@ -151,7 +150,7 @@ def test_calls_cut_inside_a_pattern_are_completed_as_the_engine_accepts(
 
 
 def test_pattern_completions_prefer_plain_characters_and_decline_what_they_do_not_model() -> None:
-    from hermes_vllm.grammar.pattern import shortest_completion
+    from hermes_vllm.budget.pattern import shortest_completion
 
     assert shortest_completion(r"^\d{3}-\d{4}$", "12") == "0-0000"
     assert shortest_completion('^[\\\\"a]$', "") == "a"  # not a character JSON must escape
@@ -420,7 +419,7 @@ def test_the_turns_spans_share_one_reasoning_budget(tokenizer: Any) -> None:
 def test_the_frontend_refuses_exactly_below_the_engines_reserve_mark_included(tokenizer: Any) -> None:
     """One count of the reserve: the smallest ``max_tokens`` the frontend admits is the engine's
     reserve, which holds the shortest call and the mark of a call the budget closes."""
-    from hermes_vllm.grammar.budget import register_tokenizer
+    from hermes_vllm.budget.served import register_tokenizer
     from hermes_vllm.processor.core import shortest_call_tokens, validate_request
 
     register_tokenizer(tokenizer)

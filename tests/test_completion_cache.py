@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from hermes_vllm.budget import CallCompleter, Speller
 from hermes_vllm.dialect import get_dialect
-from hermes_vllm.grammar.budget import Speller
-from hermes_vllm.grammar.completion import CallCompleter
 from hermes_vllm.schema import normalize_tool
 from hermes_vllm.testing.corpus import UNSATISFIABLE_BFCL_TOOL, as_openai_tool, bfcl_functions
 

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from hermes_vllm import constraint_args
+from hermes_vllm.budget import CallCompleter
 from hermes_vllm.dialect import get_dialect
 from hermes_vllm.grammar import ToolGrammarCompiler
-from hermes_vllm.grammar.completion import CallCompleter
 from hermes_vllm.grammar.engines.composed import ComposedGrammar
 from hermes_vllm.processor.core import ConstraintCore
 from hermes_vllm.schema import normalize_tool

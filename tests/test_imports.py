@@ -33,7 +33,7 @@ def _modules() -> dict[str, Path]:
 
 
 def _component(module: str) -> str:
-    """``hermes_vllm.grammar.budget`` -> ``hermes_vllm.grammar``: the unit the data flow names."""
+    """``hermes_vllm.grammar.compiler`` -> ``hermes_vllm.grammar``: the unit the data flow names."""
     return ".".join(module.split(".")[:2])
 
 

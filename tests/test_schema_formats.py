@@ -23,13 +23,13 @@ from jsonschema import Draft202012Validator
 from pydantic import AnyUrl, BaseModel, EmailStr, HttpUrl, TypeAdapter
 
 from hermes_vllm import constraint_args
+from hermes_vllm.budget import CallCompleter
 from hermes_vllm.dialect import get_dialect
 from hermes_vllm.grammar import ToolGrammarCompiler
-from hermes_vllm.grammar.completion import CallCompleter
-from hermes_vllm.grammar.pattern import literal_characters
 from hermes_vllm.processor.core import ConstraintCore
 from hermes_vllm.schema import normalize_tool
 from hermes_vllm.schema.formats import FORMAT_PATTERNS, RAW_SAFE_PATTERNS
+from hermes_vllm.schema.regex import literal_characters
 from hermes_vllm.spans import split_spans
 from hermes_vllm.testing.adversary import SAMPLERS, Scenario, run
 from hermes_vllm.testing.corpus import SUITE_DRAFT, corpus_dir, load_suite_file

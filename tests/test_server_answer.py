@@ -27,11 +27,11 @@ import jsonschema
 import pytest
 from openai import AsyncOpenAI
 
+from hermes_vllm.budget import MARK
 from hermes_vllm.constraint import BUDGET_KEY
 from hermes_vllm.dialect import get_dialect
 from hermes_vllm.formats.chat_template import chat_template
 from hermes_vllm.formats.token_check import reserve_tokens
-from hermes_vllm.grammar.budget import MARK
 from hermes_vllm.testing import tiny_model_path
 from hermes_vllm.testing.bias import call_bias
 from hermes_vllm.testing.budget_scenarios import Case, ask, valid_calls

@@ -17,10 +17,10 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from hermes_vllm import constraint_args
+from hermes_vllm.budget import CallCompleter
 from hermes_vllm.constraint import parse_constraint
 from hermes_vllm.dialect import get_dialect
 from hermes_vllm.grammar import ToolGrammarCompiler, ToolSchemaError
-from hermes_vllm.grammar.completion import CallCompleter
 from hermes_vllm.processor.core import completer_of, validate_request
 from hermes_vllm.schema import UnsatisfiableToolError, contradiction, normalize_tool, read_tools
 from hermes_vllm.testing.corpus import (

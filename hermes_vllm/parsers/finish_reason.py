@@ -2,7 +2,7 @@
 call the budget closed.
 
 A call the budget closed (steered to its shortest valid completion and followed by
-:data:`~hermes_vllm.grammar.budget.MARK`) may carry cut arguments, and the model may well end its
+:data:`~hermes_vllm.budget.MARK`) may carry cut arguments, and the model may well end its
 turn right after it, so the engine says ``"stop"`` and vLLM says ``"tool_calls"``. Agent clients
 read truncation from ``finish_reason`` alone, so :func:`install` also wraps the engine client's
 ``generate`` (``AsyncLLM.generate``, which every OpenAI door calls: chat and Responses, streaming
@@ -36,9 +36,9 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from hermes_vllm.budget import MARK
 from hermes_vllm.constraint import has_constraint, parse_constraint
 from hermes_vllm.dialect import get_dialect
-from hermes_vllm.grammar.budget import MARK
 from hermes_vllm.vllm_api import touchpoints, vllm_attribute, wrap_attribute
 
 logger = logging.getLogger(__name__)

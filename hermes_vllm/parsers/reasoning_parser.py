@@ -34,8 +34,8 @@ from vllm.entrypoints.generate.base.protocol import DeltaMessage
 from vllm.parser.engine.parser_engine import ReasoningEnd
 from vllm.reasoning.abs_reasoning_parsers import ReasoningParser
 
+from hermes_vllm.budget import served_vocabulary
 from hermes_vllm.dialect import DEFAULT_DIALECT, get_dialect
-from hermes_vllm.grammar.budget import served_vocabulary
 from hermes_vllm.parsers.shared import (
     delta_message,
     keep_special_tags,

@@ -30,9 +30,9 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionReque
 from vllm.renderers.chat_utils import make_tool_call_id
 from vllm.tool_parsers.abstract_tool_parser import ToolParser
 
+from hermes_vllm.budget.served import register_tokenizer
 from hermes_vllm.constraint import constraint_args
 from hermes_vllm.dialect import DEFAULT_DIALECT, TagPair, get_dialect
-from hermes_vllm.grammar.budget import register_tokenizer
 from hermes_vllm.parsers import finish_reason
 from hermes_vllm.parsers.answer import take_answer
 from hermes_vllm.parsers.responses_api import responses_tool_choice, responses_tools

@@ -7,9 +7,9 @@ import os
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from hermes_vllm.budget.served import register_speller
 from hermes_vllm.constraint import special_tags
 from hermes_vllm.dialect import available_dialects
-from hermes_vllm.grammar.budget import register_speller
 from hermes_vllm.processor import handshake, remote
 from hermes_vllm.processor.core import ConstraintCore
 

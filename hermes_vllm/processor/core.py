@@ -35,19 +35,20 @@ import numpy as np
 import torch
 import xgrammar as xgr
 
-from hermes_vllm.constraint import ConstraintRequest, parse_constraint
-from hermes_vllm.dialect import Dialect
-from hermes_vllm.grammar import GrammarCompileError, ToolGrammarCompiler
-from hermes_vllm.grammar.answer import AnswerCompleter
-from hermes_vllm.grammar.budget import (
+from hermes_vllm.budget import (
     NOTHING,
+    AnswerCompleter,
+    CallCompleter,
     Plan,
     Speller,
     TurnBudget,
     as_latin1,
     call_reserve,
-    frontend_speller,
 )
+from hermes_vllm.budget.served import frontend_speller
+from hermes_vllm.constraint import ConstraintRequest, parse_constraint
+from hermes_vllm.dialect import Dialect
+from hermes_vllm.grammar import GrammarCompileError, ToolGrammarCompiler
 from hermes_vllm.grammar.compiler import (
     CompiledToolGrammar,
     PreparedTurn,
@@ -55,7 +56,6 @@ from hermes_vllm.grammar.compiler import (
     prepare_constraint,
     utf8_need,
 )
-from hermes_vllm.grammar.completion import CallCompleter
 from hermes_vllm.grammar.engines import get_engine_class
 from hermes_vllm.grammar.engines.base import EngineGrammar, allocate_bitmask
 from hermes_vllm.memo import memoize_small

@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from vllm.v1.structured_output.backend_types import StructuredOutputGrammar
 
+from hermes_vllm.budget import TurnBudget
 from hermes_vllm.grammar import GrammarCompileError
-from hermes_vllm.grammar.budget import TurnBudget
 from hermes_vllm.processor.core import ConstraintCore, RowState
 from hermes_vllm.spans import TextFollower
 

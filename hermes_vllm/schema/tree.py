@@ -82,3 +82,11 @@ def resolve_ref(root: JSON, ref: str) -> JSON:
         else:
             raise LookupError(ref)
     return target
+
+
+def repoint_refs(schema: JSON, base: str) -> None:
+    """Prefix every local ``$ref`` into the root (``#`` and ``#/...``) with ``base``, in place."""
+    for _, sub in iter_subschemas(schema):
+        ref = sub.get("$ref")
+        if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
+            sub["$ref"] = base + ref[1:]

@@ -46,9 +46,8 @@ import numpy as np
 import torch
 
 from hermes_vllm import constraint_args
+from hermes_vllm.budget import CallCompleter, as_latin1
 from hermes_vllm.dialect import Dialect
-from hermes_vllm.grammar.budget import as_latin1
-from hermes_vllm.grammar.completion import CallCompleter
 from hermes_vllm.processor.core import ConstraintCore, RowState
 from hermes_vllm.schema import normalize_tools
 from hermes_vllm.spans import Tail, read_tail, split_spans

@@ -9,7 +9,7 @@ and no bias at all.
 
 Every reply is also held to what the budget promises whatever the scenario: the turn's reasoning
 within ``thinking_token_budget``, ``usage`` counting the reasoning tokens, and a reply holding a
-call the budget closed (:data:`~hermes_vllm.grammar.budget.MARK` in its content) reported as
+call the budget closed (:data:`~hermes_vllm.budget.MARK` in its content) reported as
 truncated (``finish_reason: "length"``; on the Responses API, ``status: "incomplete"``).
 """
 
@@ -25,8 +25,8 @@ from typing import Any
 import jsonschema
 from openai import AsyncOpenAI
 
+from hermes_vllm.budget import MARK, served_vocabulary
 from hermes_vllm.constraint import constraint_args, parse_constraint
-from hermes_vllm.grammar.budget import MARK, served_vocabulary
 from hermes_vllm.schema import bfcl_to_json_schema, normalize_tools
 from hermes_vllm.testing.bias import call_bias
 from hermes_vllm.testing.corpus import sample_tool_sets

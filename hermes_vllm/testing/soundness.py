@@ -37,6 +37,7 @@ from hermes_vllm.schema import (
     resolve_ref,
     value_key,
 )
+from hermes_vllm.schema.tree import repoint_refs
 from hermes_vllm.testing.corpus import BfclCase, bfcl_files, load_bfcl, load_suite_file
 
 JSON = Any
@@ -48,14 +49,6 @@ TOOL_NAME = "check"
 
 
 # --- building the calls -------------------------------------------------------------------------
-
-
-def repoint_refs(schema: JSON, base: str) -> None:
-    """Prefix every local ``$ref`` into the root (``#`` and ``#/...``) with ``base``, in place."""
-    for _, sub in iter_subschemas(schema):
-        ref = sub.get("$ref")
-        if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
-            sub["$ref"] = base + ref[1:]
 
 
 def embed_as_value(schema: JSON) -> dict[str, JSON]:

@@ -44,11 +44,11 @@ from hermes_vllm.grammar.engines.ebnf import (
     rename,
     split_rules,
 )
-from hermes_vllm.grammar.pattern import literal_characters
 from hermes_vllm.grammar.turn import LEAD_WHITESPACE, MARK, TurnSpec
 from hermes_vllm.memo import memoize_small
 from hermes_vllm.schema import ToolSpec, canonical_json, canonical_value, iter_subschemas
 from hermes_vllm.schema.formats import formats_as_patterns
+from hermes_vllm.schema.regex import literal_characters
 from hermes_vllm.schema.spec import pointer
 from hermes_vllm.settings import get_limits
 

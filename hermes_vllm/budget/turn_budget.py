@@ -19,7 +19,7 @@ latin-1 text, one char a byte) and asks it, before each mask, what the budget de
 - a turn with a final answer (a ``response_format`` beside the tools) owes a call or the answer:
   before either begins, free spans may use only what leaves room for the shortest answer, which is
   then written; a begun answer is steered to its shortest completion like a call
-  (:class:`~hermes_vllm.grammar.answer.AnswerCompleter`), and a begun call is closed.
+  (:class:`~hermes_vllm.budget.AnswerCompleter`), and a begun call is closed.
 
 What is forced is text; the core writes it with the longest token that spells a prefix of it and
 that the engine's mask allows (:class:`Speller`), so the grammar decides every token.
@@ -27,106 +27,18 @@ that the engine's mask allows (:class:`Speller`), so the grammar decides every t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from functools import cached_property
-from typing import Any
 
+from hermes_vllm.budget.completer import AnswerCompleter, CallCompleter
+from hermes_vllm.budget.speller import Speller, as_latin1, finish_character
 from hermes_vllm.dialect import Dialect
-from hermes_vllm.grammar.answer import AnswerCompleter
 from hermes_vllm.grammar.compiler import utf8_need
-from hermes_vllm.grammar.completion import CallCompleter
-from hermes_vllm.grammar.engines.base import Vocabulary
 from hermes_vllm.grammar.turn import MARK as MARK
-from hermes_vllm.memo import TextKeyed
 from hermes_vllm.spans import Tail, TextFollower, partial_tag_suffix
 
-_LONGEST = 64
-"""Longest token spelling tried when spelling text (characters)."""
-_COUNTED_CHARS = 1 << 20
-"""Text a :class:`Speller` keeps the counts of, in all."""
 _SPLIT_WINDOW = 4
 """Tokens before a span's budget is spent from which no character may be left split (a split one
 is finished first): a character's continuation bytes take at most three tokens."""
-
-
-def as_latin1(text: str) -> str:
-    """``text``'s UTF-8 bytes as latin-1, one char a byte: how the budget and the core read tokens."""
-    return text.encode("utf-8").decode("latin-1")
-
-
-def _finish_character(text: str) -> str:
-    """Continuation bytes (latin-1) that complete a character split at the end of ``text``,
-    chosen so the character is valid UTF-8 (no overlong form, no surrogate)."""
-    for back in range(1, min(4, len(text)) + 1):
-        byte = ord(text[-back])
-        if 0x80 <= byte < 0xC0:
-            continue
-        size = 4 if byte >= 0xF0 else 3 if byte >= 0xE0 else 2 if byte >= 0xC0 else 1
-        missing = size - back
-        if missing <= 0:
-            return ""
-        first = {0xE0: 0xA0, 0xF0: 0x90}.get(byte, 0x80) if back == 1 else 0x80
-        return chr(first) + "\x80" * (missing - 1)
-    return ""
-
-
-class Speller:
-    """Greedy longest-prefix spelling of text in one vocabulary's tokens: what forcing writes."""
-
-    def __init__(self, latin1: Sequence[str], exclude: Iterable[int] = ()) -> None:
-        excluded = set(exclude)
-        self._ids: dict[str, list[int]] = {}
-        for token_id, piece in enumerate(latin1):
-            if piece and token_id not in excluded:
-                self._ids.setdefault(piece, []).append(token_id)
-        self._longest = min(max((len(p) for p in self._ids), default=1), _LONGEST)
-        self._counts: TextKeyed[str, int | None] = TextKeyed(_COUNTED_CHARS)
-        self._prefixes: TextKeyed[str, tuple[int, ...]] = TextKeyed(_COUNTED_CHARS)
-
-    def prefixes(self, text: str) -> tuple[int, ...]:
-        """Tokens whose bytes are a prefix of ``text`` (latin-1), longest first.
-
-        Kept per ``text``'s first ``longest`` characters (nothing after them can be in a token):
-        a forced text is looked up at every fill while it is written, each draft row's and the
-        fill again before the kept token, one dict lookup each after the first (up to 64 slices
-        and lookups)."""
-        head = text[: self._longest]
-        found = self._prefixes.get(head)
-        if found is not None:
-            return found
-        out: list[int] = []
-        for k in range(len(head), 0, -1):
-            out += self._ids.get(head[:k], ())
-        return self._prefixes.keep(head, head, tuple(out))
-
-    def tokens(self, text: str) -> int:
-        """``text`` (not latin-1) measured in this vocabulary's tokens (its bytes where it cannot
-        be spelled): how the completer compares completions."""
-        latin1 = as_latin1(text)
-        count = self.count(latin1)
-        return len(latin1) if count is None else count
-
-    def count(self, text: str) -> int | None:
-        """Tokens of the greedy spelling of ``text`` (latin-1); ``None`` if it cannot be spelled.
-
-        Kept per text: steering measures the same completions (a call's closing text and the
-        mark) at every position inside a string value, and the completer measures candidates."""
-        if text in self._counts:
-            return self._counts[text]
-        return self._counts.keep(text, text, self._count(text))
-
-    def _count(self, text: str) -> int | None:
-        n, pos = 0, 0
-        while pos < len(text):
-            for k in range(min(len(text) - pos, self._longest), 0, -1):
-                if text[pos : pos + k] in self._ids:
-                    pos += k
-                    n += 1
-                    break
-            else:
-                return None
-        return n
 
 
 @dataclass(frozen=True)
@@ -371,9 +283,9 @@ class TurnBudget:
         reserve = self.answer_reserve + self.answer_lookahead if self.answer is not None else self.reserve
         if spent or (self.owes() and left <= reserve + (self.speller.count(rest) or len(rest))):
             # Inside a split character the tag would follow invalid UTF-8: finish it first.
-            return self._start(("" if tail.end_begun else _finish_character(self.text)) + rest)
+            return self._start(("" if tail.end_begun else finish_character(self.text)) + rest)
         if ahead is not None and ahead <= _SPLIT_WINDOW and not tail.end_begun:
-            return self._start(_finish_character(self.text)) if self._utf8 else Plan(whole_characters=True)
+            return self._start(finish_character(self.text)) if self._utf8 else Plan(whole_characters=True)
         return NOTHING
 
     def _plan_free(self, left: int) -> Plan:
@@ -399,7 +311,7 @@ class TurnBudget:
         completion = self.answer.complete(written, self.speller.tokens)
         if not completion:  # complete already, or no reading known
             return NOTHING
-        text = _finish_character(self.answer_text) + as_latin1(completion)
+        text = finish_character(self.answer_text) + as_latin1(completion)
         need = self.speller.count(text)
         if need is None:
             return NOTHING
@@ -416,7 +328,7 @@ class TurnBudget:
         call = self._call_text()
         # A random or weak model leaves split characters behind: finish the last one first, and
         # read any other as U+FFFD (inside a string, where the grammar let it through).
-        fix = _finish_character(call)
+        fix = finish_character(call)
         written = (call + fix).encode("latin-1").decode("utf-8", errors="replace")
         completion = self.completer.complete(written, self.speller.tokens)
         if completion is None:
@@ -464,50 +376,3 @@ def call_reserve(shortest: str | None, close: bool, speller: Speller, margin: in
     text = None if shortest is None else as_latin1(shortest + (MARK if close else ""))
     count = None if text is None else speller.count(text)
     return (count or 0) + margin
-
-
-class ServedVocabulary:
-    """The served tokenizer's bytes per token and its :class:`Speller`, for the API server (the
-    admission check, counting reasoning tokens); built on first use, a pass over the vocabulary."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-
-    @cached_property
-    def vocab(self) -> Vocabulary:
-        return Vocabulary.from_tokenizer(self.tokenizer)
-
-    @cached_property
-    def speller(self) -> Speller:
-        return Speller(self.vocab.latin1, self.vocab.stop_token_ids)
-
-    def __call__(self) -> Speller:
-        return self.speller
-
-
-_served: list[ServedVocabulary] = []
-_frontend: list[Callable[[], Speller]] = []
-
-
-def served_vocabulary(tokenizer: Any) -> ServedVocabulary:
-    """The :class:`ServedVocabulary` of ``tokenizer``, kept for the latest one (vLLM builds the
-    parsers per request, with the server's one tokenizer)."""
-    if not (_served and _served[0].tokenizer is tokenizer):
-        _served[:] = [ServedVocabulary(tokenizer)]
-    return _served[0]
-
-
-def register_speller(source: Callable[[], Speller]) -> None:
-    """Make the served model's vocabulary known to the frontend's admission check (the latest
-    wins): an in-process engine registers its own core's speller."""
-    _frontend[:] = [source]
-
-
-def register_tokenizer(tokenizer: Any) -> None:
-    """:func:`register_speller` for the server's tokenizer (the tool parser registers it)."""
-    register_speller(served_vocabulary(tokenizer))
-
-
-def frontend_speller() -> Speller | None:
-    """The speller registered last, if any."""
-    return _frontend[0]() if _frontend else None

@@ -1,6 +1,6 @@
 """The shortest completion of a partial string under a schema's ``pattern``.
 
-What the call completer (:mod:`hermes_vllm.grammar.completion`) needs for a string argument the
+What the shortest value (:mod:`hermes_vllm.budget.shortest`) needs for a string argument the
 schema constrains by a regex: the reserve's shortest call, and the shortest way to finish a
 string the model has begun when ``max_tokens`` comes near. Patterns reach here as the schema
 rewrite leaves them (:func:`hermes_vllm.schema.rewrite.search_as_full_match`: anchored, a whole
@@ -169,24 +169,6 @@ def _build_one(nfa: _Nfa, op: Any, arg: Any, start: int) -> int:
             nfa.epsilon[end].append(out)
         return out
     raise _Unsupported(str(op))
-
-
-def literal_characters(pattern: str) -> frozenset[str]:
-    """The characters ``pattern`` names one by one (a literal, or a class member), however
-    spelled (``"``, ``\\x22``, ``[\\\\"]``); empty for a pattern Python cannot parse."""
-    try:
-        parsed = sre_parse.parse(pattern)
-    except (re.error, RecursionError, OverflowError):
-        return frozenset()
-    found: set[str] = set()
-    todo: list[Any] = [parsed]
-    while todo:
-        node = todo.pop()
-        if isinstance(node, tuple) and len(node) == 2 and node[0] == sre.LITERAL:
-            found.add(chr(node[1]))
-        elif isinstance(node, (list, tuple, sre_parse.SubPattern)):
-            todo.extend(node)
-    return frozenset(found)
 
 
 @memoize_small(len)

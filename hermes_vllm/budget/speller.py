@@ -1,0 +1,96 @@
+"""Spelling text in one vocabulary's tokens: what the budgets force is written with these tokens.
+
+The budget reads tokens as latin-1 text (one char a byte, :func:`as_latin1`), so a token that
+ends inside a UTF-8 character is still text; :class:`Speller` counts and spells such text by
+greedy longest prefix, the measure every completion is compared by.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from hermes_vllm.memo import TextKeyed
+
+_LONGEST = 64
+"""Longest token spelling tried when spelling text (characters)."""
+_COUNTED_CHARS = 1 << 20
+"""Text a :class:`Speller` keeps the counts of, in all."""
+
+
+def as_latin1(text: str) -> str:
+    """``text``'s UTF-8 bytes as latin-1, one char a byte: how the budget and the core read tokens."""
+    return text.encode("utf-8").decode("latin-1")
+
+
+def finish_character(text: str) -> str:
+    """Continuation bytes (latin-1) that complete a character split at the end of ``text``,
+    chosen so the character is valid UTF-8 (no overlong form, no surrogate)."""
+    for back in range(1, min(4, len(text)) + 1):
+        byte = ord(text[-back])
+        if 0x80 <= byte < 0xC0:
+            continue
+        size = 4 if byte >= 0xF0 else 3 if byte >= 0xE0 else 2 if byte >= 0xC0 else 1
+        missing = size - back
+        if missing <= 0:
+            return ""
+        first = {0xE0: 0xA0, 0xF0: 0x90}.get(byte, 0x80) if back == 1 else 0x80
+        return chr(first) + "\x80" * (missing - 1)
+    return ""
+
+
+class Speller:
+    """Greedy longest-prefix spelling of text in one vocabulary's tokens: what forcing writes."""
+
+    def __init__(self, latin1: Sequence[str], exclude: Iterable[int] = ()) -> None:
+        excluded = set(exclude)
+        self._ids: dict[str, list[int]] = {}
+        for token_id, piece in enumerate(latin1):
+            if piece and token_id not in excluded:
+                self._ids.setdefault(piece, []).append(token_id)
+        self._longest = min(max((len(p) for p in self._ids), default=1), _LONGEST)
+        self._counts: TextKeyed[str, int | None] = TextKeyed(_COUNTED_CHARS)
+        self._prefixes: TextKeyed[str, tuple[int, ...]] = TextKeyed(_COUNTED_CHARS)
+
+    def prefixes(self, text: str) -> tuple[int, ...]:
+        """Tokens whose bytes are a prefix of ``text`` (latin-1), longest first.
+
+        Kept per ``text``'s first ``longest`` characters (nothing after them can be in a token):
+        a forced text is looked up at every fill while it is written, each draft row's and the
+        fill again before the kept token, one dict lookup each after the first (up to 64 slices
+        and lookups)."""
+        head = text[: self._longest]
+        found = self._prefixes.get(head)
+        if found is not None:
+            return found
+        out: list[int] = []
+        for k in range(len(head), 0, -1):
+            out += self._ids.get(head[:k], ())
+        return self._prefixes.keep(head, head, tuple(out))
+
+    def tokens(self, text: str) -> int:
+        """``text`` (not latin-1) measured in this vocabulary's tokens (its bytes where it cannot
+        be spelled): how the completer compares completions."""
+        latin1 = as_latin1(text)
+        count = self.count(latin1)
+        return len(latin1) if count is None else count
+
+    def count(self, text: str) -> int | None:
+        """Tokens of the greedy spelling of ``text`` (latin-1); ``None`` if it cannot be spelled.
+
+        Kept per text: steering measures the same completions (a call's closing text and the
+        mark) at every position inside a string value, and the completer measures candidates."""
+        if text in self._counts:
+            return self._counts[text]
+        return self._counts.keep(text, text, self._count(text))
+
+    def _count(self, text: str) -> int | None:
+        n, pos = 0, 0
+        while pos < len(text):
+            for k in range(min(len(text) - pos, self._longest), 0, -1):
+                if text[pos : pos + k] in self._ids:
+                    pos += k
+                    n += 1
+                    break
+            else:
+                return None
+        return n
