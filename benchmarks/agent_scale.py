@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import xgrammar as xgr
 
-from hermes_vllm.constraint import ARGS_KEY, constraint_args
+from hermes_vllm.constraint import ARGS_KEY, constraint_args, decode_constraint
 from hermes_vllm.grammar import CompiledToolGrammar, ToolGrammarCompiler
 from hermes_vllm.grammar.cache import GrammarCache
 from hermes_vllm.grammar.compiler import prepare_constraint
@@ -87,7 +87,7 @@ class Ours:
         self._raw = raw[:1] + raw[1:]  # a fresh string, as each request brings (its hash not yet known)
         start = time.perf_counter()
         prepared = prepare_constraint(
-            self._raw, type(self.compiler.engine), self.compiler.limits, admitted=True
+            decode_constraint(self._raw), type(self.compiler.engine), self.compiler.limits, admitted=True
         )
         self.compiler.result(prepared, self.compiler.submit(prepared))
         self.again_s = time.perf_counter() - start

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from hermes_vllm.constraint import constraint_args, parse_constraint
+from hermes_vllm.constraint import constraint_args, decode_constraint, parse_constraint
 from hermes_vllm.grammar import ToolGrammarCompiler
 from hermes_vllm.grammar.compiler import prepare_constraint
 from hermes_vllm.grammar.engines import get_engine_class
@@ -73,7 +73,7 @@ def compiler_for(engine: str, tokenizer: Any) -> ToolGrammarCompiler:
 
 def accepts(compiler: ToolGrammarCompiler, raw: str, text: str) -> bool:
     """Whether the turn's matcher takes ``text`` token by token and may end after it."""
-    prepared = prepare_constraint(raw, type(compiler.engine), compiler.limits)
+    prepared = prepare_constraint(decode_constraint(raw), type(compiler.engine), compiler.limits)
     matcher = compiler.result(prepared, compiler.submit(prepared)).matcher()
     ids = compiler.vocab.tokenizer.encode(text, add_special_tokens=False)
     return all(matcher.accept_token(t) for t in ids) and matcher.can_end()
@@ -94,16 +94,18 @@ def test_a_required_call_leaves_the_answer_unused_and_owes_no_answer(tokenizer: 
     xgrammar = get_engine_class("xgrammar")
     limits = get_limits()
     required = prepare_constraint(
-        constraint_args([ADD], "required", answer=ANSWER)["hermes_vllm"], xgrammar, limits
+        decode_constraint(constraint_args([ADD], "required", answer=ANSWER)["hermes_vllm"]), xgrammar, limits
     )
     other = prepare_constraint(
-        constraint_args([ADD], "required", answer=NESTED)["hermes_vllm"], xgrammar, limits
+        decode_constraint(constraint_args([ADD], "required", answer=NESTED)["hermes_vllm"]), xgrammar, limits
     )
     assert not required.spec.answers and required.spec.key() == other.spec.key()  # one grammar
     core = ConstraintCore(lambda: tokenizer, len(tokenizer))
     state = core.admit(constraint_args([ADD], "required", answer=ANSWER), [], max_tokens=100)
     assert state is not None and state.budget is not None and state.budget.answer is None
-    auto = prepare_constraint(constraint_args([ADD], "auto", answer=ANSWER)["hermes_vllm"], xgrammar, limits)
+    auto = prepare_constraint(
+        decode_constraint(constraint_args([ADD], "auto", answer=ANSWER)["hermes_vllm"]), xgrammar, limits
+    )
     assert auto.spec.answers and not auto.spec.free_text
 
 

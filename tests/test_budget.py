@@ -420,14 +420,16 @@ def test_the_frontend_refuses_exactly_below_the_engines_reserve_mark_included(to
     """One count of the reserve: the smallest ``max_tokens`` the frontend admits is the engine's
     reserve, which holds the shortest call and the mark of a call the budget closes."""
     from hermes_vllm.budget.served import register_tokenizer
-    from hermes_vllm.processor.core import shortest_call_tokens, validate_request
+    from hermes_vllm.processor.core import prepared_turn, validate_request
+    from hermes_vllm.settings import get_limits
 
     register_tokenizer(tokenizer)
     args = constraint_args([TOOL], "required")
     state = core_for(tokenizer).admit(args, [], max_tokens=500)
     assert state is not None and state.budget is not None
     reserve = state.budget.reserve
-    shortest = shortest_call_tokens(state.request, "auto", core_for(tokenizer).speller)
+    turn = prepared_turn(state.request, "auto", get_limits())
+    shortest = turn.needs.counts(core_for(tokenizer).speller).shortest_call
     assert shortest is not None
     spelled = len(tokenizer.encode(shortest + MARK, add_special_tokens=False))
     assert reserve >= spelled + 4  # the margin's default

@@ -21,8 +21,9 @@ from hermes_vllm.budget import CallCompleter
 from hermes_vllm.constraint import parse_constraint
 from hermes_vllm.dialect import get_dialect
 from hermes_vllm.grammar import ToolGrammarCompiler, ToolSchemaError
-from hermes_vllm.processor.core import completer_of, validate_request
+from hermes_vllm.processor.core import prepared_turn, validate_request
 from hermes_vllm.schema import UnsatisfiableToolError, contradiction, normalize_tool, read_tools
+from hermes_vllm.settings import get_limits
 from hermes_vllm.testing.corpus import (
     UNSATISFIABLE_BFCL_TOOL,
     agent_tool_set,
@@ -174,7 +175,11 @@ def test_the_budget_reserve_ignores_a_left_out_tool() -> None:
     request = parse_constraint(constraint_args([BAD, GOOD], "required"))
     assert request is not None
     alone = CallCompleter(get_dialect("hermes"), [("good", normalize_tool(GOOD).parameters)])
-    assert completer_of(request, "xgrammar").shortest_call() == alone.shortest_call() is not None
+    assert (
+        prepared_turn(request, "xgrammar", get_limits()).needs.completer.shortest_call()
+        == alone.shortest_call()
+        is not None
+    )
 
 
 def test_left_out_tools_are_logged_once_per_tool_set(caplog: pytest.LogCaptureFixture) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hermes_vllm.constraint import ARGS_KEY, constraint_args, decode_constraint
+from hermes_vllm.constraint import ARGS_KEY, ConstraintRequest, constraint_args, decode_constraint
 from hermes_vllm.dialect import Dialect, available_dialects, get_dialect
 from hermes_vllm.grammar.cache import GrammarCache
 from hermes_vllm.grammar.engines import get_engine_class
@@ -113,18 +113,17 @@ def prepare_turn(
     )  # fmt: skip
 
 
-@memoize_small(lambda raw, *args, **kwargs: len(raw))
+@memoize_small(lambda request, *args, **kwargs: len(request.raw))
 def prepare_constraint(
-    raw: str, engine: type[GrammarEngine], limits: Limits, *, admitted: bool = False
+    request: ConstraintRequest, engine: type[GrammarEngine], limits: Limits, *, admitted: bool = False
 ) -> PreparedTurn:
-    """:func:`prepare_turn` of a constraint's JSON text (what :func:`constraint_args` writes), memoised.
+    """:func:`prepare_turn` of a request's decoded constraint, memoised by its JSON text.
 
-    The one memo of prepared turns, keyed by that text: the logits processor passes a request's
-    ``extra_args`` text, :meth:`ToolGrammarCompiler.prepare` the same JSON of its arguments. Agents
-    resend the same tools with every turn, and preparing them again (normalising, rewriting,
-    coverage) costs milliseconds for a large tool set.
+    The one memo of prepared turns: the logits processor passes a request's constraint,
+    :meth:`ToolGrammarCompiler.prepare` the constraint of its arguments. Agents resend the same
+    tools with every turn, and preparing them again (normalising, rewriting, coverage) costs
+    milliseconds for a large tool set.
     """
-    request = decode_constraint(raw)
     return prepare_turn(
         list(request.tools), request.tool_choice, request.parallel_tool_calls, request.dialect,
         request.coverage, engine, limits, admitted=admitted, answer=request.answer,
@@ -405,7 +404,9 @@ class ToolGrammarCompiler:
             except (TypeError, ValueError):  # not JSON: the direct path below says what is wrong
                 pass
             else:
-                return prepare_constraint(raw, type(self.engine), self.limits, admitted=admitted)
+                return prepare_constraint(
+                    decode_constraint(raw), type(self.engine), self.limits, admitted=admitted
+                )
         return prepare_turn(
             tools, tool_choice, parallel_tool_calls, d, cov, type(self.engine), self.limits, admitted=admitted
         )

@@ -35,16 +35,8 @@ import numpy as np
 import torch
 import xgrammar as xgr
 
-from hermes_vllm.budget import (
-    NOTHING,
-    AnswerCompleter,
-    CallCompleter,
-    Plan,
-    Speller,
-    TurnBudget,
-    as_latin1,
-    call_reserve,
-)
+from hermes_vllm.budget import NOTHING, Plan, Speller, TurnBudget, as_latin1
+from hermes_vllm.budget.needs import TurnNeeds
 from hermes_vllm.budget.served import frontend_speller
 from hermes_vllm.constraint import ConstraintRequest, parse_constraint
 from hermes_vllm.dialect import Dialect
@@ -59,7 +51,7 @@ from hermes_vllm.grammar.compiler import (
 from hermes_vllm.grammar.engines import get_engine_class
 from hermes_vllm.grammar.engines.base import EngineGrammar, allocate_bitmask
 from hermes_vllm.memo import memoize_small
-from hermes_vllm.settings import get_limits
+from hermes_vllm.settings import Limits, get_limits
 from hermes_vllm.spans import TextFollower, open_at_end
 
 logger = logging.getLogger(__name__)
@@ -83,37 +75,36 @@ def validate_request(extra_args: Any, engine: str, max_tokens: int | None = None
     refused with both numbers; without it the engine still forces the call to open in time.
     """
     request = parse_constraint(extra_args)
-    if request is not None:
-        prepared = _validate(request, engine)
-        speller = frontend_speller()
-        _check_answer(request, engine, max_tokens, speller)
-        if prepared.spec.mode == "required":
-            unknown = completer_of(request, engine).unknown()
-            if unknown:
-                raise ValueError(
-                    f"{'; '.join(unknown)}: the call this tool_choice requires could not be "
-                    "promised within max_tokens; simplify that schema"
-                )
-        if max_tokens is not None and prepared.spec.mode == "required" and speller is not None:
-            text = shortest_call_tokens(request, engine, speller)
-            reserve = turn_reserve(request, engine, speller)
-            if text is not None and max_tokens < reserve:
-                margin = get_limits().budget_margin
-                mark = " and the mark of a call the budget closes" if request.budget.closes(True) else ""
-                raise ValueError(
-                    f"max_tokens={max_tokens} cannot hold the shortest call this tool_choice "
-                    f"requires: {reserve} tokens (for {text!r}{mark}, plus a margin of {margin}, "
-                    "HERMES_VLLM_BUDGET_MARGIN); raise max_tokens"
-                )
+    if request is None:
+        return None
+    turn = prepared_turn(request, engine, get_limits())
+    speller = frontend_speller()
+    _check_answer(turn, max_tokens, speller)
+    if turn.prepared.spec.mode != "required":
+        return request
+    unknown = turn.needs.completer.unknown()
+    if unknown:
+        raise ValueError(
+            f"{'; '.join(unknown)}: the call this tool_choice requires could not be "
+            "promised within max_tokens; simplify that schema"
+        )
+    if max_tokens is not None and speller is not None:
+        counts = turn.needs.counts(speller)
+        reserve = turn_reserve(request, engine, speller)
+        if counts.shortest_call is not None and max_tokens < reserve:
+            mark = " and the mark of a call the budget closes" if request.budget.closes(True) else ""
+            raise ValueError(
+                f"max_tokens={max_tokens} cannot hold the shortest call this tool_choice "
+                f"requires: {reserve} tokens (for {counts.shortest_call!r}{mark}, plus a margin of "
+                f"{turn.needs.margin}, HERMES_VLLM_BUDGET_MARGIN); raise max_tokens"
+            )
     return request
 
 
-def _check_answer(
-    request: ConstraintRequest, engine: str, max_tokens: int | None, speller: Speller | None
-) -> None:
+def _check_answer(turn: Turn, max_tokens: int | None, speller: Speller | None) -> None:
     """Refuse a turn with an answer whose answer could not be promised within ``max_tokens``: its
     schema has no shortest value, or ``max_tokens`` is below its reserve."""
-    answer = answer_of(request, engine)
+    answer = turn.needs.answer
     if answer is None:
         return
     unknown = answer.unknown()
@@ -122,12 +113,12 @@ def _check_answer(
             f"{'; '.join(unknown)}: the answer this turn owes could not be promised within "
             "max_tokens; simplify that schema"
         )
-    needed = 0 if speller is None else answer_reserve(request, engine, speller)
+    needed = 0 if speller is None else turn.needs.counts(speller).answer_reserve
     if max_tokens is not None and max_tokens < needed:
         raise ValueError(
             f"max_tokens={max_tokens} cannot hold the shortest answer the response_format asks "
             f"for: {needed} tokens (its shortest spelling plus a margin of "
-            f"{get_limits().budget_margin}, HERMES_VLLM_BUDGET_MARGIN); raise max_tokens"
+            f"{turn.needs.margin}, HERMES_VLLM_BUDGET_MARGIN); raise max_tokens"
         )
 
 
@@ -155,62 +146,33 @@ def refuse_structured_outputs(request: ConstraintRequest, structured: Any) -> No
     )
 
 
+@dataclass(frozen=True)
+class Turn:
+    """A constraint as admission reads it, once per constraint: the prepared turn (the grammar's
+    input) and what its budgets need (:class:`TurnNeeds`)."""
+
+    prepared: PreparedTurn
+    needs: TurnNeeds
+
+
+@memoize_small(lambda request, engine, limits: len(request.raw))
+def prepared_turn(request: ConstraintRequest, engine: str, limits: Limits) -> Turn:
+    """The request's :class:`Turn`, checked against ``engine``; cached by the constraint (agents
+    resend the same tools with every turn, and the frontend and the engine read the same turn)."""
+    engine_cls = get_engine_class(engine)
+    prepared = prepare_constraint(request, engine_cls, limits)
+    engine_cls.check(prepared.spec)
+    return Turn(prepared, TurnNeeds(prepared.spec, limits.budget_margin))
+
+
 def turn_reserve(request: ConstraintRequest, engine: str, speller: Speller) -> int:
     """The tokens a turn keeps for its call (:func:`call_reserve`), as both the frontend's check
     and the engine's budget count them."""
-    spec = _validate(request, engine).spec
-    close = request.budget.closes(spec.mode == "required" or spec.answer is not None)
-    return call_reserve(
-        shortest_call_tokens(request, engine, speller), close, speller, get_limits().budget_margin
+    turn = prepared_turn(request, engine, get_limits())
+    spec = turn.prepared.spec
+    return turn.needs.counts(speller).reserve(
+        request.budget.closes(spec.mode == "required" or spec.answer is not None)
     )
-
-
-@memoize_small(lambda request, engine: len(request.raw))
-def _validate(request: ConstraintRequest, engine: str) -> PreparedTurn:
-    """Cached by the request's constraint: agents resend the same tools with every turn."""
-    engine_cls = get_engine_class(engine)
-    prepared = prepare_constraint(request.raw, engine_cls, get_limits())
-    engine_cls.check(prepared.spec)
-    return prepared
-
-
-@memoize_small(lambda request, engine: len(request.raw))
-def completer_of(request: ConstraintRequest, engine: str) -> CallCompleter:
-    """The turn's call completer, cached by the constraint (the frontend's check and the engine's
-    budget read the same turn)."""
-    spec = _validate(request, engine).spec
-    return CallCompleter(spec.dialect, [(t.name, t.parameters) for t in spec.tools])
-
-
-@memoize_small(lambda request, engine: len(request.raw))
-def answer_of(request: ConstraintRequest, engine: str) -> AnswerCompleter | None:
-    """The turn's answer completer (``None`` where the turn has no answer), cached by the
-    constraint."""
-    spec = _validate(request, engine).spec
-    if not spec.answers or spec.answer is None:
-        return None
-    return AnswerCompleter(spec.dialect, spec.answer.parameters)
-
-
-def answer_reserve(request: ConstraintRequest, engine: str, speller: Speller) -> int:
-    """The tokens a turn with an answer keeps for it: its shortest spelling plus the margin
-    (0 where the turn has no answer), as both the frontend's check and the engine's budget count
-    them."""
-    answer = answer_of(request, engine)
-    shortest = None if answer is None else answer.shortest(speller.tokens)
-    return 0 if shortest is None else call_reserve(shortest, False, speller, get_limits().budget_margin)
-
-
-@memoize_small(lambda request, engine, speller: len(request.raw))
-def shortest_call_tokens(request: ConstraintRequest, engine: str, speller: Speller) -> str | None:
-    """The turn's shortest call measured in the speller's tokens (what the reserve counts)."""
-    return completer_of(request, engine).shortest_call(speller.tokens)
-
-
-@memoize_small(lambda request, engine, speller: len(request.raw))
-def lookahead_of(request: ConstraintRequest, engine: str, speller: Speller) -> int:
-    """:meth:`CallCompleter.lookahead` in the speller's tokens, cached by the constraint."""
-    return completer_of(request, engine).lookahead(speller.tokens)
 
 
 PROMPT_TAIL = 256
@@ -390,7 +352,7 @@ class ConstraintCore:
             return None
         # vLLM ran validate_params on admission: the metaschema check need not run again.
         compiler = self.compiler
-        prepared = prepare_constraint(request.raw, type(compiler.engine), compiler.limits, admitted=True)
+        prepared = prepare_constraint(request, type(compiler.engine), compiler.limits, admitted=True)
         stops = tuple(dict.fromkeys((*self.compiler.vocab.stop_token_ids, *stop_token_ids)))
         gated = prepared.spec.free_text and self.compiler.vocab.gate_allowed(prepared.spec.dialect)
         follower = TextFollower(prepared.spec.dialect)
@@ -413,16 +375,16 @@ class ConstraintCore:
         spec = state.prepared.spec
         required = spec.mode == "required"
         options = state.request.budget
-        answer = answer_of(state.request, self.engine)
+        needs = prepared_turn(state.request, self.engine, get_limits()).needs
+        counts = needs.counts(self.speller)
         budget = TurnBudget(
-            spec.dialect, state.follower, completer_of(state.request, self.engine), self.speller,
+            spec.dialect, state.follower, needs.completer, self.speller,
             max_tokens=max_tokens, reasoning_budget=options.turn_budget(thinking), required=required,
             # A turn owing a call or an answer closes a cut call: dropped, the reply had neither.
-            close=options.closes(required or answer is not None), margin=get_limits().budget_margin,
-            reserve=turn_reserve(state.request, self.engine, self.speller),
-            lookahead=lookahead_of(state.request, self.engine, self.speller),
-            answer=answer, answer_reserve=answer_reserve(state.request, self.engine, self.speller),
-            answer_lookahead=0 if answer is None else answer.lookahead(self.speller.tokens),
+            close=options.closes(required or needs.answer is not None), margin=needs.margin,
+            reserve=turn_reserve(state.request, self.engine, self.speller), lookahead=counts.lookahead,
+            answer=needs.answer, answer_reserve=counts.answer_reserve,
+            answer_lookahead=counts.answer_lookahead,
         )  # fmt: skip
         state.budget = budget
         state.quiet_until = budget.watch_from
