@@ -172,9 +172,10 @@ class TextFollower:
 
     Only a token that can change the tail is read again: inside a span one holding its closing
     tag's first byte, at a clean point one holding a tag's first byte (the rest is appended, or
-    at a clean point dropped). Its fields are rebound, never mutated in place, so a shallow copy
-    is a snapshot (the hosted path restores rows from copies).
+    at a clean point dropped).
     """
+
+    __slots__ = ("_marks", "calls", "dialect", "reach", "recent", "tail", "text")
 
     def __init__(self, dialect: Dialect, reach: int = 0) -> None:
         self.dialect = dialect
@@ -188,6 +189,13 @@ class TextFollower:
         """The last ``reach`` characters written, clean points or not: where a stop string may
         have begun."""
         self._marks = "".join({p.begin[0] for p in (dialect.tool_call, *dialect.free_spans)})
+
+    def copy(self) -> TextFollower:
+        """A follower standing where this one stands, to follow a draft path on its own."""
+        twin = TextFollower.__new__(TextFollower)
+        twin.dialect, twin.text, twin.tail, twin.calls = self.dialect, self.text, self.tail, self.calls
+        twin.reach, twin.recent, twin._marks = self.reach, self.recent, self._marks
+        return twin
 
     @property
     def calls_begun(self) -> int:

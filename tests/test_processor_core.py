@@ -105,7 +105,7 @@ def test_a_prompt_that_opens_reasoning_starts_the_row_inside_the_span(tokenizer:
     tag_at = len(
         tokenizer.encode(OPENED_PROMPT[: OPENED_PROMPT.rindex("<think>") + 7], add_special_tokens=False)
     )
-    assert state.budget.span_tokens == len(prompt) - tag_at
+    assert state.budget.progress.span_tokens == len(prompt) - tag_at
     tokens = tokenizer.encode(INSIDE, add_special_tokens=False)
     for step in range(len(tokens) + 1):
         logits = torch.zeros((1, len(tokenizer)))

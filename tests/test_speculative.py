@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from hermes_vllm import constraint_args
+from hermes_vllm.grammar.engines.base import token_allowed
 from hermes_vllm.processor import handshake, speculative
 from hermes_vllm.processor.core import ConstraintCore
 from hermes_vllm.spans import split_spans
@@ -136,8 +137,6 @@ def test_a_constrained_request_cannot_also_ask_for_structured_outputs(runs: dict
 def scripted(grammar: Any, script: list[int], width: int, steps: int) -> tuple[list[int], list[torch.Tensor]]:
     """Greedy-like run without drafts: each step takes the script's token where the mask allows
     it, else the lowest allowed token; the mask before each token, and one after the last."""
-    from hermes_vllm.processor.hosted import _allows
-
     tokens: list[int] = []
     masks: list[torch.Tensor] = []
     bitmask = torch.zeros((1, (width + 31) // 32), dtype=torch.int32)
@@ -147,7 +146,10 @@ def scripted(grammar: Any, script: list[int], width: int, steps: int) -> tuple[l
         if step == steps:
             break
         want = script[step % len(script)]
-        token = want if _allows(bitmask[0], want) else next(t for t in range(width) if _allows(bitmask[0], t))
+        words = bitmask[0].numpy()
+        token = (
+            want if token_allowed(words, want) else next(t for t in range(width) if token_allowed(words, t))
+        )
         assert grammar.accept_tokens("plain", [token])
         tokens.append(token)
     return tokens, masks
@@ -182,8 +184,6 @@ def test_drafts_rolled_back_leave_the_row_as_if_only_the_kept_tokens_came(
     draft, fill the bonus row, roll back, accept the kept tokens. Every mask the drafted row gives
     at a kept position equals the plain row's there, budgets (forcing a close at max_tokens=24 under ``required``)
     included; a draft the grammar refuses is cut, and the plain row's mask refuses it too."""
-    from hermes_vllm.processor.hosted import _allows
-
     grammar, width, steps, tokens, masks = plain_run(tokenizer, choice, max_tokens)
     drafted = grammar()
     rng = random.Random(0)
@@ -199,7 +199,7 @@ def test_drafts_rolled_back_leave_the_row_as_if_only_the_kept_tokens_came(
             cut += 1
             position = i + len(valid)
             if drafts[: len(valid)] == tokens[i:position]:  # the plain row's mask there refuses it
-                assert not _allows(masks[position], drafts[len(valid)])
+                assert not token_allowed(masks[position].numpy(), drafts[len(valid)])
         for j, token in enumerate(valid):
             drafted.fill_bitmask(bitmask, j)
             assert drafted.accept_tokens("drafted", [token])
@@ -301,8 +301,6 @@ def test_the_releases_own_draft_protocol_keeps_only_masked_tokens(
     rejection sampling does it, then the kept tokens accepted. Every row a kept or bonus token
     comes from is the plain run's mask at that position: no unmasked row ever reaches a call, and
     a refused draft leaves the row where it was."""
-    from hermes_vllm.processor.hosted import _allows
-
     grammar, width, steps, tokens, masks = plain_run(tokenizer, choice, max_tokens)
     manager = _release_manager(tiny_model, width)
     trim = getattr(manager, "trim_spec_tokens", None) or manager.validate_tokens
@@ -326,7 +324,9 @@ def test_the_releases_own_draft_protocol_keeps_only_masked_tokens(
         # target's token from its own row (the bonus row after the last draft).
         while kept < len(scheduled) and i + kept < steps:
             assert torch.equal(bitmask[kept], masks[i + kept]), f"row {kept} at {i}"
-            if scheduled[kept] != tokens[i + kept] or not _allows(bitmask[kept], scheduled[kept]):
+            if scheduled[kept] != tokens[i + kept] or not token_allowed(
+                bitmask[kept].numpy(), scheduled[kept]
+            ):
                 refused += scheduled[kept] != tokens[i + kept]
                 break
             kept += 1

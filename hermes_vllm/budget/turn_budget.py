@@ -27,6 +27,7 @@ that the engine's mask allows (:class:`Speller`), so the grammar decides every t
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 from hermes_vllm.budget.completer import AnswerCompleter, CallCompleter
@@ -65,8 +66,36 @@ def _bans(*, call: bool, spans: bool) -> Plan:
     return Plan(ban_call=call, ban_spans=spans) if call or spans else NOTHING
 
 
+@dataclass(slots=True)
+class Progress:
+    """Everything a :class:`TurnBudget` changes as it follows its row, token by token (the rest
+    of a budget is fixed at admission): what a draft snapshot copies."""
+
+    need: int
+    """Tokens the owed call (or answer) needs now, as last planned."""
+    answer_text: str = ""
+    """The answer written so far (latin-1), leading whitespace dropped."""
+    span_tokens: int = 0
+    """Tokens in the open reasoning/hidden span after its opening tag."""
+    reasoning_spent: int = 0
+    """Tokens the turn's closed reasoning/hidden spans held."""
+    forcing: str = ""
+    """Forced text not yet written."""
+    utf8: int = 0
+    """Continuation bytes the text's last character still needs."""
+
+    def copy(self) -> Progress:
+        return Progress(
+            self.need, self.answer_text, self.span_tokens, self.reasoning_spent, self.forcing, self.utf8
+        )
+
+
 class TurnBudget:
-    """One request's budgets, following its text token by token."""
+    """One request's budgets, following its text token by token.
+
+    Its terms (the turn, the limits, the reserves) are fixed at admission and never change; what
+    changes is its :class:`Progress` and the row's text follower, which :meth:`copy` copies.
+    """
 
     def __init__(
         self,
@@ -110,19 +139,9 @@ class TurnBudget:
         """Tokens the shortest answer needs, plus the margin."""
         self.answer_lookahead = answer_lookahead
         """The most one token can add to a begun answer's shortest completion."""
-        self.answer_text = ""
-        """The answer written so far (latin-1), leading whitespace dropped."""
         self.follower = follower
         """The row's text since its last clean point (shared with the processor's gate)."""
-        self.span_tokens = 0
-        """Tokens in the open reasoning/hidden span after its opening tag."""
-        self.reasoning_spent = 0
-        """Tokens the turn's closed reasoning/hidden spans held."""
-        self.forcing = ""
-        """Forced text not yet written."""
-        self._need = self.reserve
-        self._utf8 = 0
-        """Continuation bytes the text's last character still needs."""
+        self.progress = Progress(need=reserve)
         call = as_latin1(dialect.tool_call.begin)
         tags = tuple(as_latin1(p.begin) for p in dialect.free_spans)
         self.span_openings = tuple(
@@ -134,12 +153,29 @@ class TurnBudget:
         characters go on only as a tag, each tag from its first character no call tag shares
         (``<th`` of ``<think>``: a ``<`` must stay free to open the call)."""
 
+    def copy(self, follower: TextFollower) -> TurnBudget:
+        """This budget following ``follower`` (a copy of its row's), with its own progress: a
+        snapshot a draft path can be rolled back to. Its terms are shared (never changed)."""
+        twin = copy.copy(self)
+        twin.follower = follower
+        twin.progress = self.progress.copy()
+        return twin
+
+    def drop_forcing(self) -> None:
+        """Stop forcing the text being forced (the grammar refuses it here)."""
+        self.progress.forcing = ""
+
     @property
     def alert(self) -> int:
         """From this many tokens left on, the budget must look at every token (clean free text
         included); before it, clean free text without a tag's first byte changes nothing."""
         reserve = max(self.reserve, self.answer_reserve + self.answer_lookahead)
-        return max(reserve, 2 * self._need) + self.margin + max(self.lookahead, self.answer_lookahead) + 1
+        return (
+            max(reserve, 2 * self.progress.need)
+            + self.margin
+            + max(self.lookahead, self.answer_lookahead)
+            + 1
+        )
 
     @property
     def watch_from(self) -> int:
@@ -151,7 +187,7 @@ class TurnBudget:
         """Tokens the turn's reasoning/hidden spans may still hold (``None``: unbounded)."""
         if self.reasoning_budget is None:
             return None
-        return max(0, self.reasoning_budget - self.reasoning_spent - self.span_tokens)
+        return max(0, self.reasoning_budget - self.progress.reasoning_spent - self.progress.span_tokens)
 
     @property
     def tail(self) -> Tail:
@@ -172,7 +208,7 @@ class TurnBudget:
         tail = self.tail
         span = tail.open
         return (
-            span is not None and span.kind != "call" and not tail.end_begun and self._utf8 == 0
+            span is not None and span.kind != "call" and not tail.end_begun and self.progress.utf8 == 0
             and self.calls_begun == 0
         )  # fmt: skip
 
@@ -191,10 +227,11 @@ class TurnBudget:
 
     def feed(self, piece: str) -> None:
         """Follow one sampled token (its bytes as latin-1): the text, then the spans' counts."""
-        if self.forcing:
-            self.forcing = self.forcing[len(piece) :] if self.forcing.startswith(piece) else ""
-        if self._utf8 or not piece.isascii():
-            self._utf8 = utf8_need(self._utf8, piece)
+        progress = self.progress
+        if progress.forcing:
+            progress.forcing = progress.forcing[len(piece) :] if progress.forcing.startswith(piece) else ""
+        if progress.utf8 or not piece.isascii():
+            progress.utf8 = utf8_need(progress.utf8, piece)
         span = self.tail.open
         before = self.follower.text
         read = self.follower.feed(piece)
@@ -209,24 +246,25 @@ class TurnBudget:
         elif self.answer is not None and span is None:
             self._follow_answer(piece)
         if not read:
-            self.span_tokens += span is not None and span.kind != "call"
+            self.progress.span_tokens += span is not None and span.kind != "call"
             return
         new = self.tail
         was_free = span is not None and span.kind != "call"
         now = new.open if new.open is not None and new.open.kind != "call" else None
         same = now is not None and span is not None and span.kind == now.kind and span.start == now.start
         if was_free and not same:  # the span closed: its tokens count against the turn's budget
-            self.reasoning_spent += self.span_tokens
-            self.span_tokens = 0
+            self.progress.reasoning_spent += self.progress.span_tokens
+            self.progress.span_tokens = 0
         if now is not None:
-            self.span_tokens = self.span_tokens + 1 if same else 0
+            self.progress.span_tokens = self.progress.span_tokens + 1 if same else 0
 
     def _follow_answer(self, piece: str) -> None:
         """Add free text after the lead (spans and whitespace) to the answer, before any call."""
         tail = self.tail
         if self.calls_begun or tail.open is not None or tail.begun is not None:
             return
-        self.answer_text = self.answer_text + piece if self.answer_text else piece.lstrip(" \t\n\r")
+        written = self.progress.answer_text
+        self.progress.answer_text = written + piece if written else piece.lstrip(" \t\n\r")
 
     def plan(self, consumed: int) -> Plan:
         """What the next token must do, ``consumed`` tokens having been written.
@@ -245,8 +283,8 @@ class TurnBudget:
         text stands (inside a call or its tag, inside a reasoning/hidden span, in free text).
         ``NOTHING`` (the object itself) where the budget demands nothing.
         """
-        if self.forcing:
-            return Plan(self.forcing)
+        if self.progress.forcing:
+            return Plan(self.progress.forcing)
         left = self.max_tokens - consumed
         if self.in_call():
             return self._plan_call(left)
@@ -285,7 +323,11 @@ class TurnBudget:
             # Inside a split character the tag would follow invalid UTF-8: finish it first.
             return self._start(("" if tail.end_begun else finish_character(self.text)) + rest)
         if ahead is not None and ahead <= _SPLIT_WINDOW and not tail.end_begun:
-            return self._start(finish_character(self.text)) if self._utf8 else Plan(whole_characters=True)
+            return (
+                self._start(finish_character(self.text))
+                if self.progress.utf8
+                else Plan(whole_characters=True)
+            )
         return NOTHING
 
     def _plan_free(self, left: int) -> Plan:
@@ -307,21 +349,21 @@ class TurnBudget:
         """The answer the turn owes: once only it still fits, its shortest spelling (before it
         begins) or its shortest completion (once begun), within the margin and the lookahead."""
         assert self.answer is not None
-        written = self.answer_text.encode("latin-1").decode("utf-8", errors="replace")
+        written = self.progress.answer_text.encode("latin-1").decode("utf-8", errors="replace")
         completion = self.answer.complete(written, self.speller.tokens)
         if not completion:  # complete already, or no reading known
             return NOTHING
-        text = finish_character(self.answer_text) + as_latin1(completion)
+        text = finish_character(self.progress.answer_text) + as_latin1(completion)
         need = self.speller.count(text)
         if need is None:
             return NOTHING
-        self._need = need
+        self.progress.need = need
         if left > need + self.margin + self.answer_lookahead:
             return NOTHING
         return self._start(text)
 
     def _start(self, text: str) -> Plan:
-        self.forcing = text
+        self.progress.forcing = text
         return Plan(text)
 
     def _steer(self, left: int) -> Plan:
@@ -337,7 +379,7 @@ class TurnBudget:
         need = self.speller.count(text)
         if need is None:
             return NOTHING
-        self._need = need
+        self.progress.need = need
         if left > need + self.margin + self.lookahead:
             return NOTHING
         return self._start(text)

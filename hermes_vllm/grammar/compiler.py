@@ -24,6 +24,7 @@ from hermes_vllm.grammar.engines.base import (
     GrammarEngine,
     Vocabulary,
     allocate_bitmask,
+    token_allowed,
 )
 from hermes_vllm.grammar.turn import ANSWER_NAME, TurnSpec, turn_spec
 from hermes_vllm.memo import memoize_small
@@ -244,7 +245,7 @@ class _Start:
     stops: frozenset[int]
 
     def allows(self, token_id: int) -> bool:
-        return 0 <= token_id < self.mask.size * 32 and bool(self.mask[token_id >> 5] >> (token_id & 31) & 1)
+        return token_allowed(self.mask, token_id)
 
 
 class _Gate:

@@ -28,6 +28,7 @@ import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from enum import Enum
 from functools import cached_property
 from typing import Any
 
@@ -49,7 +50,8 @@ from hermes_vllm.grammar.compiler import (
     utf8_need,
 )
 from hermes_vllm.grammar.engines import get_engine_class
-from hermes_vllm.grammar.engines.base import EngineGrammar, allocate_bitmask
+from hermes_vllm.grammar.engines.base import EngineGrammar, allocate_bitmask, token_allowed
+from hermes_vllm.grammar.turn import TurnSpec
 from hermes_vllm.memo import memoize_small
 from hermes_vllm.settings import Limits, get_limits
 from hermes_vllm.spans import TextFollower, open_at_end
@@ -175,6 +177,40 @@ def turn_reserve(request: ConstraintRequest, engine: str, speller: Speller) -> i
     )
 
 
+def _refused_texts(
+    dialect: Dialect, stop: str | Sequence[str], thinking: int | None
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The texts a budgeted row refuses (latin-1): its stop strings, where a stop would cut the
+    call or leave the reply without one (one the call's closing tag holds, or that holds it,
+    cannot be refused), and inside calls the reasoning tag where vLLM's own thinking budget
+    watches the row."""
+    end = dialect.tool_call.end
+    stops = [stop] if isinstance(stop, str) else list(stop)
+    refused_stops = tuple(as_latin1(s) for s in dict.fromkeys(stops) if s and end not in s and s not in end)
+    in_calls = () if thinking is None else tuple(as_latin1(p.begin) for p in dialect.reasoning)
+    return refused_stops, in_calls
+
+
+class Fill(Enum):
+    """What a row's mask at a position is made of (:meth:`ConstraintCore.decide`)."""
+
+    FREE = "free"
+    """Gated, engine off: every token allowed, no mask."""
+    STOPS = "stops"
+    """Ended or failed: only the row's stop tokens."""
+    BUDGETED = "budgeted"
+    """The engine's mask narrowed by what the budget demands (a forced text, bans)."""
+    ENGINE = "engine"
+    """The engine's mask."""
+    PAUSE = "pause"
+    """Entering a quiet span: the engine's mask, kept for the span's content."""
+    PAUSED = "paused"
+    """Inside a quiet span: the mask kept when it was entered."""
+
+
+UNWATCHED = 1 << 62
+"""A row without a budget: no position from which the budget must read every token."""
+
 PROMPT_TAIL = 256
 """Prompt tokens read for a span the generation prompt leaves open (it opens at the very end)."""
 
@@ -207,7 +243,7 @@ class RowState:
     Kept up to date by :meth:`ConstraintCore.advance`, so that a step tests one field a row."""
     budget: TurnBudget | None = None
     """The row's token budgets (span budgets, call reserve, closing cut calls)."""
-    quiet_until: int = 1 << 62
+    quiet_until: int = UNWATCHED
     """From this many consumed tokens on, the budget reads every token: the row is never quiet."""
     planned: int = -1
     """The position the budget last planned for (see :meth:`ConstraintCore.advance`)."""
@@ -229,6 +265,20 @@ class RowState:
     @property
     def dialect(self) -> Dialect:
         return self.prepared.spec.dialect
+
+    def copy(self) -> RowState:
+        """The row as it stands, to be restored after a draft path: its own containers, text
+        follower and budget progress; the matcher is shared (engines cannot copy one: a restore
+        rolls it back by its count of accepted tokens)."""
+        follower = self.follower.copy()
+        return RowState(
+            self.request, self.prepared, self.future, self.stop_ids, self.gated, follower, self.matcher,
+            self.consumed, list(self.pending), self.watch, self.failed, self.quiet,
+            None if self.budget is None else self.budget.copy(follower), self.quiet_until, self.planned,
+            None if self.paused is None else self.paused.copy(),
+            None if self.paused_bans is None else self.paused_bans.clone(),
+            self.refused_stops, self.ended, self.refused_in_calls,
+        )  # fmt: skip
 
 
 class ConstraintCore:
@@ -353,50 +403,53 @@ class ConstraintCore:
         # vLLM ran validate_params on admission: the metaschema check need not run again.
         compiler = self.compiler
         prepared = prepare_constraint(request, type(compiler.engine), compiler.limits, admitted=True)
-        stops = tuple(dict.fromkeys((*self.compiler.vocab.stop_token_ids, *stop_token_ids)))
-        gated = prepared.spec.free_text and self.compiler.vocab.gate_allowed(prepared.spec.dialect)
-        follower = TextFollower(prepared.spec.dialect)
-        state = RowState(request, prepared, self.compiler.submit(prepared), stops, gated, follower)
-        if max_tokens is not None and (prepared.spec.mode != "none" or prepared.spec.answer is not None):
-            self._budget(state, max_tokens, thinking_budget, stop)
-        if gated:
-            state.watch = self._begin_bytes(state.dialect)
-            state.quiet = True
-            if state.watch not in self._quiet_watches:
-                self._quiet_watches.add(state.watch)
-                holds = self._watch_array(state.watch)
-                self._quiet_holds = holds if self._quiet_holds is None else self._quiet_holds | holds
+        spec = prepared.spec
+        stops = tuple(dict.fromkeys((*compiler.vocab.stop_token_ids, *stop_token_ids)))
+        gated = spec.free_text and compiler.vocab.gate_allowed(spec.dialect)
+        budgeted = max_tokens is not None and (spec.mode != "none" or spec.answer is not None)
+        refused_stops, refused_in_calls = (
+            _refused_texts(spec.dialect, stop, thinking_budget) if budgeted else ((), ())
+        )
+        follower = TextFollower(
+            spec.dialect, reach=max(map(len, refused_stops + refused_in_calls), default=0)
+        )
+        budget = None
+        if max_tokens is not None and budgeted:
+            budget = self._budget(request, spec, follower, max_tokens, thinking_budget)
+        watch = self._begin_bytes(spec.dialect) if gated else b""
+        state = RowState(
+            request, prepared, compiler.submit(prepared), stops, gated, follower, watch=watch, quiet=gated,
+            budget=budget, quiet_until=UNWATCHED if budget is None else budget.watch_from,
+            refused_stops=refused_stops, refused_in_calls=refused_in_calls,
+        )  # fmt: skip
+        if gated and watch not in self._quiet_watches:
+            self._quiet_watches.add(watch)
+            holds = self._watch_array(watch)
+            self._quiet_holds = holds if self._quiet_holds is None else self._quiet_holds | holds
         return state
 
     def _budget(
-        self, state: RowState, max_tokens: int, thinking: int | None, stop: str | Sequence[str]
-    ) -> None:
-        """Attach the row's :class:`TurnBudget` and the texts refused inside its calls."""
-        spec = state.prepared.spec
+        self,
+        request: ConstraintRequest,
+        spec: TurnSpec,
+        follower: TextFollower,
+        max_tokens: int,
+        thinking: int | None,
+    ) -> TurnBudget:
+        """The row's :class:`TurnBudget`, from the turn's needs in this engine's vocabulary."""
         required = spec.mode == "required"
-        options = state.request.budget
-        needs = prepared_turn(state.request, self.engine, get_limits()).needs
+        options = request.budget
+        needs = prepared_turn(request, self.engine, get_limits()).needs
         counts = needs.counts(self.speller)
-        budget = TurnBudget(
-            spec.dialect, state.follower, needs.completer, self.speller,
+        return TurnBudget(
+            spec.dialect, follower, needs.completer, self.speller,
             max_tokens=max_tokens, reasoning_budget=options.turn_budget(thinking), required=required,
             # A turn owing a call or an answer closes a cut call: dropped, the reply had neither.
             close=options.closes(required or needs.answer is not None), margin=needs.margin,
-            reserve=turn_reserve(state.request, self.engine, self.speller), lookahead=counts.lookahead,
+            reserve=turn_reserve(request, self.engine, self.speller), lookahead=counts.lookahead,
             answer=needs.answer, answer_reserve=counts.answer_reserve,
             answer_lookahead=counts.answer_lookahead,
         )  # fmt: skip
-        state.budget = budget
-        state.quiet_until = budget.watch_from
-        end = spec.dialect.tool_call.end
-        stops = [stop] if isinstance(stop, str) else list(stop)
-        # A stop string the call's closing tag holds (or that holds it) cannot be refused.
-        state.refused_stops = tuple(
-            as_latin1(s) for s in dict.fromkeys(stops) if s and end not in s and s not in end
-        )
-        if thinking is not None:
-            state.refused_in_calls = tuple(as_latin1(p.begin) for p in spec.dialect.reasoning)
-        state.follower.reach = max(map(len, state.refused_stops + state.refused_in_calls), default=0)
 
     @staticmethod
     def _begin_bytes(dialect: Dialect) -> bytes:
@@ -577,70 +630,103 @@ class ConstraintCore:
         return logits
 
     def fill(
-        self, rows: Sequence[tuple[int, RowState]], width: int, sparse_ok: bool = False
+        self,
+        rows: Sequence[tuple[int, RowState]],
+        width: int,
+        sparse_ok: bool = False,
+        bitmask: torch.Tensor | None = None,
     ) -> tuple[list[int], list[tuple[int, torch.Tensor]]]:
-        """Fill ``self.bitmask`` for ``(logits_row, state)`` pairs; return the rows to mask and,
-        where ``sparse_ok``, the ``(row, banned tokens)`` of paused rows that ban only a few."""
-        self._ensure_bitmask(max((r for r, _ in rows), default=0) + 1, width)
+        """Fill ``bitmask`` (the core's own where not given) for ``(logits_row, state)`` pairs;
+        return the rows to mask and, where ``sparse_ok``, the ``(row, banned tokens)`` of paused
+        rows that ban only a few."""
+        if bitmask is None:
+            self._ensure_bitmask(max((r for r, _ in rows), default=0) + 1, width)
+            bitmask = self.bitmask
         masked: list[int] = []
         sparse: list[tuple[int, torch.Tensor]] = []
         engine_rows: list[tuple[int, ToolCallMatcher]] = []
         for row, state in rows:
-            if state.ended:
-                self._allow_only(row, state.stop_ids)
-                masked.append(row)
-                continue
-            budget = state.budget
-            if budget is not None and state.failed is None:
-                plan = budget.plan(state.consumed)
-                state.planned = state.consumed
-                if plan is not NOTHING or self._refused(state, budget):
-                    if state.matcher is None and not state.gated:
-                        self._feed_engine(state, ())
-                    if state.failed is None:
-                        self._fill_budgeted(row, state, plan)
-                        masked.append(row)
-                        continue
-            if state.matcher is None and state.gated and state.failed is None:
-                continue
-            if state.failed is None and not state.gated and state.matcher is None:
-                self._feed_engine(state, ())  # first step of an engine-only row: wait for its grammar
-            if state.failed is not None:
-                self._allow_only(row, state.stop_ids)
-                masked.append(row)
-            elif state.matcher is not None or state.paused is not None:
-                if state.paused is None:
-                    assert state.matcher is not None
-                    if budget is None or state.gated or not budget.in_quiet_span():
-                        engine_rows.append((row, state.matcher))
-                        continue
-                    self._pause(row, state, width)
-                if sparse_ok and state.paused_bans is not None:
+            kind, plan = self.decide(state)
+            if kind is Fill.ENGINE:
+                assert state.matcher is not None
+                engine_rows.append((row, state.matcher))
+            elif kind is Fill.PAUSED and sparse_ok and state.paused_bans is not None:
+                sparse.append((row, state.paused_bans))
+            elif kind is not Fill.FREE:
+                self.fill_decided(bitmask, row, state, kind, plan, width)
+                if kind is Fill.PAUSE and sparse_ok and state.paused_bans is not None:
                     sparse.append((row, state.paused_bans))
                 else:
-                    assert state.paused is not None
-                    self.bitmask[row].numpy()[:] = state.paused
                     masked.append(row)
         if len(engine_rows) >= BATCH_FILL_MIN:
             # Many rows inside calls: one parallel fill; every such row is masked.
             matchers = [m.engine_matcher for _, m in engine_rows]
-            self.compiler.engine.fill_bitmasks(matchers, self.bitmask, [r for r, _ in engine_rows])
+            self.compiler.engine.fill_bitmasks(matchers, bitmask, [r for r, _ in engine_rows])
             masked += [r for r, _ in engine_rows]
         else:
-            masked += [r for r, m in engine_rows if m.fill_bitmask(self.bitmask, r)]
+            masked += [r for r, m in engine_rows if m.fill_bitmask(bitmask, r)]
         return masked, sparse
 
-    def _pause(self, row: int, state: RowState, width: int) -> None:
+    def decide(self, state: RowState) -> tuple[Fill, Plan]:
+        """What the row's mask at this position is made of: the one decision of a row, for a
+        batch's fill and for a hosted row's settling alike.
+
+        Deciding moves the row as the position's fill does, and nothing else: the budget plans
+        the position (it may begin forcing a text), an engine-only row's matcher is built (its
+        first step waits for its grammar). What computing the mask then changes is
+        :meth:`fill_decided`'s: a forced text the grammar refuses is dropped, a row entering a
+        quiet span is paused with the mask.
+        """
+        if state.ended:
+            return Fill.STOPS, NOTHING
+        budget = state.budget
+        if budget is not None and state.failed is None:
+            plan = budget.plan(state.consumed)
+            state.planned = state.consumed
+            if plan is not NOTHING or self._refused(state, budget):
+                if state.matcher is None and not state.gated:
+                    self._feed_engine(state, ())
+                if state.failed is None:
+                    return Fill.BUDGETED, plan
+        if state.failed is None and state.matcher is None:
+            if state.gated:
+                return Fill.FREE, NOTHING
+            self._feed_engine(state, ())  # first step of an engine-only row: wait for its grammar
+        if state.failed is not None:
+            return Fill.STOPS, NOTHING
+        if state.paused is not None:
+            return Fill.PAUSED, NOTHING
+        if budget is None or state.gated or not budget.in_quiet_span():
+            return Fill.ENGINE, NOTHING
+        return Fill.PAUSE, NOTHING
+
+    def fill_decided(
+        self, bitmask: torch.Tensor, row: int, state: RowState, kind: Fill, plan: Plan, width: int
+    ) -> None:
+        """Fill ``bitmask[row]`` as :meth:`decide` said, for a row alone (engine rows are filled
+        together by :meth:`fill`)."""
+        if kind is Fill.STOPS:
+            self._allow_only(bitmask, row, state.stop_ids)
+        elif kind is Fill.BUDGETED:
+            self._fill_budgeted(bitmask, row, state, plan)
+        else:
+            assert kind in (Fill.PAUSE, Fill.PAUSED), kind
+            if kind is Fill.PAUSE:
+                self._pause(bitmask, row, state, width)
+            assert state.paused is not None
+            bitmask[row].numpy()[:] = state.paused
+
+    def _pause(self, bitmask: torch.Tensor, row: int, state: RowState, width: int) -> None:
         """Fill the row from the engine once more and keep that mask for the span's content."""
         assert state.matcher is not None
-        if not state.matcher.fill_bitmask(self.bitmask, row):
-            self.bitmask[row].fill_(-1)
-        state.paused = self.bitmask[row].numpy().copy()
+        if not state.matcher.fill_bitmask(bitmask, row):
+            bitmask[row].fill_(-1)
+        state.paused = bitmask[row].numpy().copy()
         bits = np.unpackbits(state.paused.view(np.uint8), bitorder="little")[:width]
         bans = np.flatnonzero(bits == 0)
         state.paused_bans = torch.from_numpy(bans) if bans.size <= SPARSE_BANS_MAX else None
 
-    def _fill_budgeted(self, row: int, state: RowState, plan: Plan) -> None:
+    def _fill_budgeted(self, bitmask: torch.Tensor, row: int, state: RowState, plan: Plan) -> None:
         """The row's mask as the grammar has it, narrowed by what its budget demands.
 
         A forced text is written with the longest token spelling a prefix of it that the mask
@@ -648,16 +734,16 @@ class ConstraintCore:
         """
         budget = state.budget
         assert budget is not None
-        if state.matcher is None or not state.matcher.fill_bitmask(self.bitmask, row):
-            self.bitmask[row].fill_(-1)
-        words = self.bitmask[row].numpy()
+        if state.matcher is None or not state.matcher.fill_bitmask(bitmask, row):
+            bitmask[row].fill_(-1)
+        words = bitmask[row].numpy()
         if plan.force:
             for token in self.speller.prefixes(plan.force):
-                if words[token >> 5] >> (token & 31) & 1:
-                    self._allow_only(row, (token,))
+                if token_allowed(words, token):
+                    self._allow_only(bitmask, row, (token,))
                     return
             logger.warning("hermes-vllm: the grammar refuses the forced text %r; not forcing", plan.force)
-            budget.forcing = ""
+            budget.drop_forcing()
         if plan.ban_call:
             words &= self._no_call_words(state.dialect, words.size)
         if plan.whole_characters:
@@ -726,8 +812,9 @@ class ConstraintCore:
             self._whole = np.packbits(padded, bitorder="little").view(np.int32)
         return self._whole
 
-    def _allow_only(self, row: int, token_ids: Sequence[int]) -> None:
-        words = self.bitmask[row].zero_().numpy()
+    @staticmethod
+    def _allow_only(bitmask: torch.Tensor, row: int, token_ids: Sequence[int]) -> None:
+        words = bitmask[row].zero_().numpy()
         for token in token_ids:
             words[token // 32] |= np.array(1 << (token % 32), dtype=np.uint32).view(np.int32)
 

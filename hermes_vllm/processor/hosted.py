@@ -10,10 +10,10 @@ that interface puts every draft position under the constraint sampled tokens get
 runner, with our engines, our cache and our budgets.
 
 *Rollback.* Engines cannot copy a matcher, but they can roll one back; the rest of a row is
-small. Before each accepted token the row is copied (its containers one level deep, its budget
-shallowly: a budget rebinds its fields, never mutates them in place) together with its matcher's
-count of accepted tokens; restoring the copy rolls the matcher back by the difference. Only the
-last ``num_speculative_tokens + 1`` copies are kept.
+small. Before each accepted token the row is copied through its parts' own ``copy()`` (the row's
+containers, its text follower, its budget's progress) together with its matcher's count of
+accepted tokens; restoring the copy rolls the matcher back by the difference. Only the last
+``num_speculative_tokens + 1`` copies are kept.
 
 *Exactness.* Without drafts every token is preceded by a mask fill at its position, and a fill
 moves the budget (it may begin forcing a text, or count a closed call). The scheduler rolls the
@@ -28,18 +28,14 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from copy import copy
 from dataclasses import dataclass
-from operator import attrgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from vllm.v1.structured_output.backend_types import StructuredOutputGrammar
 
-from hermes_vllm.budget import TurnBudget
 from hermes_vllm.grammar import GrammarCompileError
-from hermes_vllm.processor.core import ConstraintCore, RowState
-from hermes_vllm.spans import TextFollower
+from hermes_vllm.processor.core import ConstraintCore, Fill, RowState
 
 if TYPE_CHECKING:
     from vllm.sampling_params import SamplingParams
@@ -47,56 +43,34 @@ if TYPE_CHECKING:
     from hermes_vllm.grammar.compiler import ToolCallMatcher
 
 
-_FIELDS = attrgetter(*RowState.__slots__)
-"""A row's fields in declaration order, read in one C call (``RowState(*fields)`` rebuilds it)."""
-_MATCHER = RowState.__slots__.index("matcher")
-
-
 @dataclass(frozen=True, slots=True)
 class _Snapshot:
-    """What restores a row: its fields (``pending``, the text follower's and the budget's fields
-    copied), its matcher's count of accepted tokens, whether it had ended. Taken before every
-    accepted token, so it copies only what a row mutates, in C calls where it can (a Python loop
-    over the fields was the hosted path's largest cost after the completer's)."""
+    """What restores a row: a copy of it (:meth:`RowState.copy`), its matcher's count of accepted
+    tokens, whether it had ended."""
 
-    fields: tuple[Any, ...]
-    pending: tuple[int, ...]
-    follower: TextFollower
-    """A copy of the row's follower (it rebinds its fields, never mutates them in place)."""
-    budget: dict[str, Any] | None
-    """The budget's fields (a budget rebinds its fields, never mutates them in place)."""
+    copy: RowState
     accepted: int
     terminated: bool
 
     @classmethod
     def take(cls, state: RowState, terminated: bool) -> _Snapshot:
-        budget = state.budget
-        kept = None if budget is None else vars(budget).copy()
         accepted = state.matcher.accepted if state.matcher is not None else 0
-        return cls(_FIELDS(state), tuple(state.pending), copy(state.follower), kept, accepted, terminated)
+        return cls(state.copy(), accepted, terminated)
 
     @property
     def matcher(self) -> ToolCallMatcher | None:
-        return self.fields[_MATCHER]  # type: ignore[no-any-return]
+        return self.copy.matcher
 
     def row(self) -> RowState:
         """A fresh row as the snapshot was taken (a snapshot may be restored more than once)."""
-        row = RowState(*self.fields)
-        row.pending = list(self.pending)
-        row.follower = copy(self.follower)
-        if self.budget is not None:
-            budget = object.__new__(TurnBudget)
-            vars(budget).update(self.budget)
-            budget.follower = row.follower
-            row.budget = budget
-        return row
+        return self.copy.copy()
 
 
 class RowHost:
     """The engine process's core, shared by every hosted row.
 
     vLLM admits rows on its compile threads while the scheduler thread fills masks, so one lock
-    guards the core (its bitmask row 0 is the scratch row of every fill).
+    guards the core (its bitmask row 0 is the scratch row of every settle).
     """
 
     def __init__(self, core: ConstraintCore, window: int) -> None:
@@ -117,18 +91,12 @@ class RowHost:
             raise ValueError(f"hermes-vllm cannot compile this request's tools: {err}") from None
         return HostedGrammar(self, state)
 
-    def fill(self, state: RowState) -> torch.Tensor | None:
-        """Fill the scratch row for ``state``; ``None`` where every token is allowed."""
-        core = self.core
-        masked, _ = core.fill([(0, state)], core.vocab_size)
-        return core.bitmask[0] if masked else None
-
     def fill_into(self, state: RowState, bitmask: torch.Tensor, row: int) -> None:
         """Fill ``bitmask[row]`` (vLLM's) for ``state``, every token allowed where nothing is masked.
 
-        The core fills vLLM's bitmask in place (its own set aside while the lock is held): filling
-        the scratch row and copying it cost a quarter of a fill. Both are sized from the model's
-        vocabulary; where they are not alike the core would fill a bitmask of its own instead."""
+        The core fills vLLM's bitmask in place: filling a row of its own and copying it cost a
+        quarter of a fill. Both are sized from the model's vocabulary; where they are not alike
+        the row cannot be filled in place."""
         core = self.core
         own = core.bitmask
         if bitmask.shape[1] != own.shape[1] or bitmask.dtype != own.dtype:
@@ -136,33 +104,19 @@ class RowHost:
                 f"vLLM's bitmask ({bitmask.shape[1]} {bitmask.dtype} words a row) is not the "
                 f"hermes-vllm core's ({own.shape[1]} {own.dtype})"
             )
-        core.bitmask = bitmask
-        try:
-            masked, _ = core.fill([(row, state)], core.vocab_size)
-        finally:
-            core.bitmask = own
+        masked, _ = core.fill([(row, state)], core.vocab_size, bitmask=bitmask)
         if not masked:
             bitmask[row].fill_(-1)
 
     def settle(self, state: RowState) -> None:
-        """What the fill at this position does to the row, without computing its mask where
-        nothing depends on the mask: the budget's plan (it may begin forcing a text, or move
-        its need). The mask itself matters to the row only where a forced text may be refused by
-        the grammar (the forcing is dropped), where an engine-only row's matcher is built on its
-        first fill, and where such a row enters a quiet span (it is paused with that mask)."""
-        budget = state.budget
-        if budget is not None and state.failed is None:
-            mask_free = state.gated or (
-                state.matcher is not None and (state.paused is not None or not budget.in_quiet_span())
-            )
-            if mask_free:
-                plan = budget.plan(state.consumed)
-                state.planned = state.consumed
-                if not plan.force:
-                    return
-        elif budget is None and (state.gated or state.matcher is not None):
-            return
-        self.fill(state)
+        """What the fill at this position does to the row (:meth:`ConstraintCore.decide`), its mask
+        computed only where the row depends on it: where a forced text may be refused by the
+        grammar (the forcing is dropped) and where the row enters a quiet span (it is paused
+        with that mask). The core's own bitmask row 0 is the scratch row."""
+        core = self.core
+        kind, plan = core.decide(state)
+        if kind is Fill.PAUSE or (kind is Fill.BUDGETED and plan.force):
+            core.fill_decided(core.bitmask, 0, state, kind, plan, core.vocab_size)
 
     def advance(self, state: RowState, token: int, plan: bool = True) -> bool:
         """Feed one token; False when it put the row out of its grammar. ``plan=False``: the
@@ -346,8 +300,3 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
             self._trail.clear()
             self._undone, self._undone_tokens = [], []
             self._restore(self._initial)
-
-
-def _allows(words: torch.Tensor, token: int) -> bool:
-    row: Any = words.numpy()
-    return 0 <= token < row.size * 32 and bool(int(row[token >> 5]) >> (token & 31) & 1)

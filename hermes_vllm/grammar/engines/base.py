@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 import xgrammar as xgr
 
@@ -155,6 +156,11 @@ def allocate_bitmask(rows: int, vocab_size: int, pin_memory: bool = False) -> to
     """
     words = (vocab_size + 31) // 32
     return torch.full((rows, words), -1, dtype=torch.int32, pin_memory=pin_memory)
+
+
+def token_allowed(words: np.ndarray, token: int) -> bool:
+    """Whether one packed bitmask row (its words, as numpy) allows ``token``: the one bit test."""
+    return 0 <= token < words.size * 32 and bool(int(words[token >> 5]) >> (token & 31) & 1)
 
 
 def set_token_allowed(bitmask: torch.Tensor, row: int, token: int, allowed: bool) -> None:
