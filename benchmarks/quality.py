@@ -13,7 +13,8 @@ greedy (temperature 0, seed 0), no logit bias:
 - ``ours required`` again with ``HERMES_VLLM_MAX_CALL_WHITESPACE`` 0 and 8 (default 1), and with
   ``HERMES_VLLM_CALL_KEY_ORDER=any`` (top-level arguments in any order; default: declared order);
 - tools beside a final answer's schema (``+ response_format``: :data:`ANSWER`, what an agent with
-  a typed result sends), ``auto`` and ``required``, on vLLM's parsers (``hermes`` with the
+  a typed result sends), ``auto``, ``required`` and ``none`` (the turn after a tool result, where
+  a client asks for the answer), on vLLM's parsers (``hermes`` with the
   ``qwen3`` reasoning parser too) and ours, side by side with ``auto`` on tools only: replies
   holding a call, replies whose content is an answer valid for the schema, HTTP errors.
 
@@ -90,7 +91,8 @@ class Server:
 def _answered(label: str) -> tuple[tuple[str, str], ...]:
     """The configurations of a typed answer beside the tools."""
     return ((f"{label} auto + response_format", "auto" + WITH_ANSWER),
-            (f"{label} required + response_format", "required" + WITH_ANSWER))  # fmt: skip
+            (f"{label} required + response_format", "required" + WITH_ANSWER),
+            (f"{label} none + response_format", "none" + WITH_ANSWER))  # fmt: skip
 
 
 SERVERS: dict[str, Server] = {

@@ -61,7 +61,15 @@ ACCEPTED: dict[tuple[str, bool], set[str]] = {
 }
 """Under ``required`` the answer is unused and the turn is calls only (without a response_format
 free text may follow a required call). An answer's strings spell no tag (the parsers and the
-processor read a raw ``<think>`` there as a span): ``<`` is written as JSON's ``\u003c``."""
+processor read a raw ``<think>`` there as a span): ``<`` is written as JSON's ``\u003c`` (xgrammar);
+llguidance spells every character one way, raw, so there an answer's strings hold no ``<``."""
+ESCAPED = "answer escaping a tag"
+
+
+def accepted(engine: str, mode: str, parallel: bool) -> set[str]:
+    return ACCEPTED[mode, parallel] - ({ESCAPED} if engine == "llguidance" else set())
+
+
 _COMPILERS: dict[str, ToolGrammarCompiler] = {}
 
 
@@ -79,7 +87,7 @@ def accepts(compiler: ToolGrammarCompiler, raw: str, text: str) -> bool:
     return all(matcher.accept_token(t) for t in ids) and matcher.can_end()
 
 
-@pytest.mark.parametrize("engine", ["xgrammar", "auto"])
+@pytest.mark.parametrize("engine", ["xgrammar", "auto", "llguidance"])
 @pytest.mark.parametrize(("mode", "parallel"), list(ACCEPTED), ids=[f"{m}-{p}" for m, p in ACCEPTED])
 def test_an_answer_turn_is_calls_or_the_answer_never_free_text(
     engine: str, mode: str, parallel: bool, tokenizer: Any
@@ -87,7 +95,38 @@ def test_an_answer_turn_is_calls_or_the_answer_never_free_text(
     compiler = compiler_for(engine, tokenizer)
     raw = constraint_args([ADD], mode, parallel, answer=ANSWER)["hermes_vllm"]
     verdicts = {name: accepts(compiler, raw, text) for name, text in TEXTS.items()}
-    assert {name for name, ok in verdicts.items() if ok} == ACCEPTED[mode, parallel]
+    assert {name for name, ok in verdicts.items() if ok} == accepted(engine, mode, parallel)
+
+
+BOUNDED = {
+    "type": "object",
+    "properties": {
+        "answer": {"type": "string", "maxLength": 12},
+        "code": {"type": "string", "pattern": "^[A-Z<]{2}$"},
+    },
+    "required": ["answer", "code"],
+    "additionalProperties": False,
+}
+"""An answer only llguidance writes (a length bound, a pattern), whose pattern would allow ``<``."""
+
+
+@pytest.mark.parametrize(("mode", "parallel"), list(ACCEPTED), ids=[f"{m}-{p}" for m, p in ACCEPTED])
+def test_the_auto_engine_writes_an_answer_only_llguidance_enforces(
+    mode: str, parallel: bool, tokenizer: Any
+) -> None:
+    """Its bounds hold, its pattern is intersected with "no tag's first character", and the turn is
+    the same language as xgrammar's around it."""
+    compiler = compiler_for("auto", tokenizer)
+    raw = constraint_args([ADD], mode, parallel, answer=BOUNDED)["hermes_vllm"]
+    reply = '{"answer": "four", "code": "AB"}'
+    texts = {
+        **{name: text.replace(REPLY, reply) for name, text in TEXTS.items() if name not in (ESCAPED,)},
+        "answer too long": '{"answer": "four and more!!", "code": "AB"}',
+        "answer off pattern": '{"answer": "four", "code": "ab"}',
+        "answer spelling a tag by its pattern": '{"answer": "four", "code": "A<"}',
+    }
+    verdicts = {name: accepts(compiler, raw, text) for name, text in texts.items()}
+    assert {name for name, ok in verdicts.items() if ok} == accepted("llguidance", mode, parallel)
 
 
 def test_a_required_call_leaves_the_answer_unused_and_owes_no_answer(tokenizer: Any) -> None:
@@ -109,18 +148,41 @@ def test_a_required_call_leaves_the_answer_unused_and_owes_no_answer(tokenizer: 
     assert auto.spec.answers and not auto.spec.free_text
 
 
-@pytest.mark.parametrize("engine", ["llguidance", "outlines"])
-def test_engines_that_cannot_write_an_answer_refuse_it_at_admission(engine: str) -> None:
+def test_the_outlines_engine_cannot_write_an_answer_and_refuses_it_at_admission() -> None:
     with pytest.raises(ValueError, match="response_format"):
-        validate_request(constraint_args([ADD], "auto", answer=ANSWER), engine)
-    validate_request(constraint_args([ADD], "required", answer=ANSWER), engine)  # the answer is unused
+        validate_request(constraint_args([ADD], "auto", answer=ANSWER), "outlines")
+    validate_request(constraint_args([ADD], "required", answer=ANSWER), "outlines")  # the answer is unused
 
 
-def test_the_auto_engine_refuses_an_answer_beside_schemas_only_llguidance_writes() -> None:
-    patterned = {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}$"}}}
-    with pytest.raises(ValueError, match="response_format beside tools is written by xgrammar only"):
-        validate_request(constraint_args([ADD], "auto", answer=patterned), "auto")
-    validate_request(constraint_args([ADD], "auto", answer=ANSWER), "auto")
+@pytest.mark.parametrize(
+    ("answer", "where", "what"),
+    [
+        ({"type": "object"}, "parameters", "an object with keys of any spelling"),
+        (
+            {"type": "object", "properties": {"a": {}}, "required": ["a"]},
+            "parameters/properties/a",
+            "an untyped value",
+        ),
+        (
+            {"type": "object", "properties": {"a": {"type": "array"}}},
+            "parameters/properties/a",
+            "an array of untyped items",
+        ),
+    ],
+)
+@pytest.mark.parametrize("engine", ["llguidance", "auto"])
+def test_llguidance_refuses_an_answer_whose_strings_no_schema_holds_to_no_tag(
+    engine: str, answer: dict[str, Any], where: str, what: str
+) -> None:
+    """A key of a free-form object, or a string inside an untyped value, could spell a tag: with no
+    way to escape ``<`` and no ``propertyNames``, llguidance refuses such an answer by name (under
+    ``auto`` only when the turn needs llguidance: xgrammar escapes the character instead)."""
+    bounded = tool({"type": "object", "properties": {"s": {"type": "string", "maxLength": 4}}}, "short")
+    message = f"tool 'response_format': {where}: {what}.*HERMES_VLLM_ENGINE=xgrammar"
+    with pytest.raises(ValueError, match=message):
+        validate_request(constraint_args([bounded], "auto", answer=answer), engine)
+    validate_request(constraint_args([bounded], "required", answer=answer), engine)  # the answer is unused
+    validate_request(constraint_args([ADD], "auto", answer=answer), "xgrammar")
 
 
 @pytest.mark.parametrize(
@@ -178,21 +240,36 @@ WEATHER = {
 }
 
 
+BOUNDED_NESTED = {
+    **NESTED,
+    "properties": {
+        **NESTED["properties"],
+        "answer": {"type": "string", "maxLength": 40},
+        "sources": {"type": "array", "items": {"type": "string", "format": "uri"}},
+    },
+}
+"""NESTED with a bounded string and a format: the auto engine writes it with llguidance."""
+
+
 @pytest.mark.parametrize("sampler", SAMPLERS)
 @pytest.mark.parametrize("mode", ["auto", "none"])
+@pytest.mark.parametrize("answer", [NESTED, BOUNDED_NESTED], ids=["xgrammar", "llguidance"])
 def test_a_call_or_the_answer_always_arrives_before_max_tokens(
-    mode: str, sampler: str, tokenizer: Any
+    answer: dict[str, Any], mode: str, sampler: str, tokenizer: Any
 ) -> None:
     """The worst-case samplers (they write only what the mask allows, never end the reply or close
     a span while anything else is allowed) against a turn owing a call or its answer: every reply
     holds a complete valid call or a whole answer valid for its schema, at every ``max_tokens``
-    from the answer's reserve on, with and without a thinking budget."""
-    core = ConstraintCore(lambda: tokenizer, len(tokenizer))
-    state = core.admit(constraint_args([WEATHER], mode, answer=NESTED), [], max_tokens=1000)
+    from the answer's reserve on, with and without a thinking budget; on either engine the auto
+    engine picks."""
+    core = ConstraintCore(lambda: tokenizer, len(tokenizer), engine="auto")
+    state = core.admit(constraint_args([WEATHER], mode, answer=answer), [], max_tokens=1000)
     assert state is not None and state.budget is not None
+    engine = "llguidance" if answer is BOUNDED_NESTED else "xgrammar"
+    assert type(state.future.result()).__name__.lower().startswith(engine)
     low = state.budget.answer_reserve
     scenarios = [
-        Scenario([WEATHER], mode, low + k, thinking_budget=budget, answer=NESTED)
+        Scenario([WEATHER], mode, low + k, thinking_budget=budget, answer=answer)
         for k in (0, 1, 3, 7, 12, 20, 33, 60)
         for budget in (None, 6)
     ]

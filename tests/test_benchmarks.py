@@ -234,7 +234,7 @@ def test_quality_runs(tmp_path: Path) -> None:
     assert len(report["items"]) == 2 and report["sampling"].startswith("temperature 0")
     assert set(report["configs"]) == {
         *("ours auto", "ours required", "ours named"),
-        *("ours auto + response_format", "ours required + response_format"),
+        *("ours auto + response_format", "ours required + response_format", "ours none + response_format"),
         *("no parser, brackets", "ours brackets auto", "ours brackets required"),
     }
     for summary in report["configs"].values():
@@ -244,5 +244,7 @@ def test_quality_runs(tmp_path: Path) -> None:
         assert report["configs"][required]["valid"] == 1.0  # the constraint's promise, even here
     typed = report["configs"]["ours auto + response_format"]  # a call or the answer, never neither
     assert typed["neither"] == 0 and typed["http_errors"] == 0
+    answering = report["configs"]["ours none + response_format"]  # the answer, whole, every time
+    assert answering["answered"] == answering["items"] and answering["http_errors"] == 0
     assert "| ours auto + response_format | 2 |" in (tmp_path / "quality.md").read_text()
     assert (tmp_path / "quality.png").stat().st_size > 0 and (tmp_path / "quality.md").exists()

@@ -202,6 +202,65 @@ def test_every_combination_is_served_or_refused_by_name_never_a_500(
     assert "grammar rejected" not in log.read_text(encoding="utf-8")
 
 
+NOTE = {
+    "type": "function",
+    "function": {
+        "name": "note",
+        "parameters": {
+            "type": "object",
+            "properties": {"text": {"type": "string", "maxLength": 8}},
+            "required": ["text"],
+        },
+    },
+}
+"""A tool whose schema only llguidance enforces well (a bounded string): the auto engine compiles the
+turn, its answer included, with llguidance."""
+
+
+def test_an_answer_beside_tools_that_need_llguidance_is_served_not_refused(
+    server: tuple[str, str, Any, Path],
+) -> None:
+    """Under ``auto`` and ``none``, streamed and whole: HTTP 200, each reply a valid call or an
+    answer in its schema (before, the auto engine refused the answer with HTTP 400: it was written
+    by xgrammar only)."""
+    url, model, tokenizer, log = server
+    bias = {str(k): v for k, v in call_bias(tokenizer).items()}
+    response_format = OUTPUTS["json_schema"]["response_format"]
+    asked = [(c, s) for c in ("auto", "none") for s in (False, True) for _ in range(2)]
+
+    def kwargs(choice: str, seed: int) -> dict[str, Any]:
+        return {
+            "tool_choice": choice,
+            "response_format": response_format,
+            "max_tokens": MAX_TOKENS,
+            "logit_bias": bias,
+            "seed": seed,
+        }
+
+    async def gather() -> list[Reply]:
+        return await asyncio.gather(
+            *(
+                ask(url, model, Case(f"{c} {s} {i}", [NOTE], kwargs(c, i), s))
+                for i, (c, s) in enumerate(asked)
+            )
+        )
+
+    problems = []
+    for (choice, stream), reply in zip(asked, asyncio.run(gather()), strict=True):
+        if reply.error or valid_calls(reply, [NOTE]) is None:
+            problems.append(f"{choice}, stream={stream}: {reply.error or reply.calls}")
+        elif reply.calls:
+            if choice == "none" or reply.content.strip() not in ("", MARK.strip()):
+                problems.append(f"{choice}, stream={stream}: {reply}")
+        else:
+            try:
+                jsonschema.validate(json.loads(reply.content), ANSWER)
+            except (ValueError, jsonschema.ValidationError) as err:
+                problems.append(f"{choice}, stream={stream}: not an answer ({err}): {reply.content!r}")
+    assert not problems, "\n".join(problems)
+    assert "grammar rejected" not in log.read_text(encoding="utf-8")
+
+
 async def _responses(url: str, model: str, choice: str, stream: bool, bias: dict[str, float]) -> Any:
     async with AsyncOpenAI(base_url=url, api_key="unused", max_retries=0, timeout=900) as client:
         kwargs: dict[str, Any] = {

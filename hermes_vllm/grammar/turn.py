@@ -30,6 +30,17 @@ a turn with an answer admits it after its last call, where it admits no other te
 ANSWER_NAME = "response_format"
 """What errors call the final answer's schema (it is read like a tool's arguments)."""
 
+
+def tag_initials(dialect: Dialect) -> str:
+    """The first characters of the tags readers of free text act on (the call tag, the span
+    openers, the other parsed tags), escaped for a character class (an EBNF one and a regex one
+    alike). An answer's strings never hold them raw: the answer is free text to every span reader
+    (parsers, the budget's follower), and a raw ``<think>`` there would open a span for them."""
+    d = dialect
+    firsts = sorted({t[0] for t in (d.tool_call.begin, *(p.begin for p in d.free_spans), *d.parsed_tags)})
+    return "".join("\\" + c if c in "[]^-\\" else c for c in firsts)
+
+
 Mode = Literal["auto", "required", "none"]
 """``auto``: calls optional; ``required``: at least one call (named choice = required over one tool);
 ``none``: no call span may open."""
@@ -53,6 +64,11 @@ class TurnSpec:
     def answers(self) -> bool:
         """Whether the turn may end with its answer (``auto`` and ``none`` with an answer)."""
         return self.answer is not None and self.mode != "required"
+
+    @property
+    def written(self) -> tuple[ToolSpec, ...]:
+        """The schemas the turn's grammar writes: its tools, then its answer where it may end with it."""
+        return (*self.tools, self.answer) if self.answers and self.answer is not None else self.tools
 
     @property
     def free_text(self) -> bool:

@@ -44,7 +44,7 @@ _LLGUIDANCE_FORMATS = frozenset(
 
 def prefers_llguidance(turn: TurnSpec) -> bool:
     """Whether ``turn`` holds a bounded string or a keyword only llguidance enforces."""
-    for tool in (*turn.tools, *([turn.answer] if turn.answers and turn.answer is not None else [])):
+    for tool in turn.written:
         for _, sub in iter_subschemas(tool.parameters):
             if sub.get("format") in _LLGUIDANCE_FORMATS:
                 return True
@@ -56,7 +56,7 @@ def prefers_llguidance(turn: TurnSpec) -> bool:
 
 def _refuse_multiples(turn: TurnSpec) -> None:
     """A turn llguidance compiles keeps no ``multipleOf`` (1.7 rejects negative multiples)."""
-    for tool in turn.tools:
+    for tool in turn.written:
         for path, sub in iter_subschemas(tool.parameters):
             if "multipleOf" in sub:
                 where = pointer(("parameters", *path, "multipleOf"))
@@ -82,12 +82,6 @@ class AutoEngine(GrammarEngine):
 
     @classmethod
     def check(cls, turn: TurnSpec) -> None:
-        if turn.answers and prefers_llguidance(turn):
-            raise ValueError(
-                "a response_format beside tools is written by xgrammar only, and these schemas need "
-                "llguidance (a string with minLength, maxLength or pattern, an email, hostname or uri "
-                "format, or a keyword xgrammar cannot enforce); drop the response_format or those keywords"
-            )
         if prefers_llguidance(turn):
             _refuse_multiples(turn)
             LLGuidanceEngine.check(turn)

@@ -11,7 +11,10 @@ The turn is one Lark grammar, the same language as the xgrammar grammar:
   tag inside is text); an unclosed span may end the output (``/(?s:.*)/`` minus the closing tag);
 - a call is ``HEAD %json{arguments} TAIL`` per tool (and per key order), with the bounded call
   whitespace written into ``HEAD``/``TAIL``; objects that declare ``properties`` are closed (our
-  argument policy; llguidance, like JSON Schema, would leave them open).
+  argument policy; llguidance, like JSON Schema, would leave them open);
+- a turn with a final answer (:func:`_answer_turn`) has no free text: reasoning spans, then calls
+  or the answer as ``%json{answer}``, then only whitespace; the answer's strings hold no tag's
+  first character (:func:`_answer_schema`).
 
 ``no_forcing`` is set: by default llguidance lets the mask allow only the tokenizer's canonical
 tokenization of forced text, which depends on the tokenizer's ``encode`` (SentencePiece adds a
@@ -22,7 +25,8 @@ pins): (1) whitespace is allowed, up to the bound, around ``,`` and ``:`` only, 
 or before ``}``/``]`` (1.7 repeats ``whitespace_pattern`` without bound; the separators are the
 only bounded place); compact and ``{"a": 1, "b": 2}`` layouts are accepted. (2) A string spells
 each character one way: printable characters raw (no ``\\uXXXX``, no ``\\/``), DEL only as
-``\\u007f``. Special tokens are text here as in xgrammar (the token table is the one xgrammar
+``\\u007f``; so an answer's strings cannot hold a tag's first character at all (xgrammar escapes
+it). Special tokens are text here as in xgrammar (the token table is the one xgrammar
 decodes); stop tokens end the output only where the grammar may end. llguidance does not report
 its memory use: ``memory_bytes`` is the grammar text's size, a lower bound.
 """
@@ -48,9 +52,10 @@ from hermes_vllm.grammar.engines.base import (
     Vocabulary,
     set_token_allowed,
 )
-from hermes_vllm.grammar.turn import LEAD_WHITESPACE, TurnSpec
-from hermes_vllm.schema import ToolSpec, canonical_value, iter_subschemas
+from hermes_vllm.grammar.turn import ANSWER_NAME, LEAD_WHITESPACE, MARK, TurnSpec, tag_initials
+from hermes_vllm.schema import ToolSchemaError, ToolSpec, canonical_value, iter_subschemas
 from hermes_vllm.schema.formats import formats_as_patterns
+from hermes_vllm.schema.spec import pointer
 
 logger = logging.getLogger(__name__)
 
@@ -132,6 +137,63 @@ def _call_rules(i: int, tool: ToolSpec, order: str, end: str, max_ws: int) -> li
     ]
 
 
+_COMBINATORS = frozenset({"$ref", "anyOf", "oneOf", "allOf", "enum", "const"})
+
+
+def _answer_schema(turn: TurnSpec, answer: ToolSpec) -> dict[str, Any]:
+    """The final answer's schema as llguidance takes it (:func:`_schema`), its strings holding no
+    tag's first character (a ``pattern`` each, intersected with the string's own).
+
+    llguidance spells each character one way, so such a character cannot be written at all (under
+    xgrammar it is written ``\\u003c``). What no pattern reaches is refused: object keys beyond
+    the declared properties (llguidance 1.7 leaves ``propertyNames`` unimplemented) and untyped
+    values (any JSON, strings and keys inside included)."""
+    schema = _schema(answer, turn.max_whitespace)
+    no_tag = {"pattern": f"^[^{tag_initials(turn.dialect)}]*$"}
+
+    def refuse(path: tuple[str | int, ...], what: str) -> ValueError:
+        where = pointer(("parameters", *path))
+        return ToolSchemaError(
+            ANSWER_NAME, where, f"{what}: llguidance keeps tags out of an answer's strings through their "
+            "schemas only; declare the object's properties and type every value, or use "
+            "HERMES_VLLM_ENGINE=xgrammar",
+        )  # fmt: skip
+
+    for path, sub in list(iter_subschemas(schema)):
+        types = sub.get("type")
+        kinds = {types} if isinstance(types, str) else set(types or ())
+        narrows = path[-2:-1] == ("allOf",)  # a constraint on its parent's value, not a value itself
+        if not kinds and not narrows and not _COMBINATORS & sub.keys():
+            raise refuse(path, "an untyped value (any JSON)")
+        if "object" in kinds and (
+            sub.get("additionalProperties", True) is not False or "patternProperties" in sub
+        ):
+            raise refuse(path, "an object with keys of any spelling")
+        if "array" in kinds and sub.get("items", True) is True:
+            raise refuse(path, "an array of untyped items")
+        if "string" in kinds and not {"enum", "const"} & sub.keys():
+            sub["allOf"] = [*sub.get("allOf", ()), no_tag]
+    return schema
+
+
+def _answer_turn(turn: TurnSpec, lines: list[str]) -> str:
+    """The start rule of a turn with an answer, the same language as xgrammar's: reasoning spans,
+    then the calls or the answer (calls only under ``required``, the answer only under ``none``),
+    then only whitespace; the last call may be followed by the mark of a call the budget closed.
+    Adds the answer's rules to ``lines``."""
+    spans = turn.dialect.free_spans
+    lines += [f"TRAIL: {_ws(LEAD_WHITESPACE)}", f"MARK: {_lit(MARK)}"]
+    calls = "CALL_LEAD body (CALL_LEAD body)*" if turn.parallel else "CALL_LEAD body"
+    endings = {"auto": ["calls", "answer"], "required": ["calls"], "none": ["answer"]}[turn.mode]
+    if "calls" in endings:
+        lines.append(f"calls: {calls} MARK?")
+    if "answer" in endings and turn.answer is not None:
+        lines.append(f"answer: TRAIL %json {json.dumps(_answer_schema(turn, turn.answer))}")
+    leads = " | ".join(f"SPAN{k}_LEAD span{k}_rest" for k in range(len(spans)))
+    prefix = f"({leads})* " if spans else ""
+    return f"{prefix}({' | '.join(endings)}) TRAIL"
+
+
 def build_lark(turn: TurnSpec) -> str:
     """The whole turn as one llguidance Lark grammar (see the module docstring for the shape)."""
     d = turn.dialect
@@ -164,7 +226,9 @@ def build_lark(turn: TurnSpec) -> str:
         for i, tool, order in bodies:
             lines += _call_rules(i, tool, order, call.end, turn.max_whitespace)
     with_calls = "(span | call)*" if spans else "call*"
-    if turn.mode == "none":
+    if turn.answer is not None:
+        start = _answer_turn(turn, lines)
+    elif turn.mode == "none":
         start = f"{free} end"
     elif turn.mode == "auto" and turn.parallel:
         start = f"{with_calls} end"
@@ -186,7 +250,7 @@ _POSITION = re.compile(r"^at \d+\(\d+\): ")
 
 def _compile_error(turn: TurnSpec, message: str) -> ValueError:
     """A readable error naming the tool: llguidance reports a Lark position and grammar excerpt."""
-    for tool in turn.tools:
+    for tool in turn.written:
         grammar = llg.LLMatcher.grammar_from_json_schema(_schema(tool, turn.max_whitespace))
         is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar)
         if is_error:
@@ -279,6 +343,7 @@ class LLGuidanceGrammar(EngineGrammar):
 class LLGuidanceEngine(GrammarEngine):
     name = "llguidance"
     supported_keywords = LLGUIDANCE_KEYWORDS
+    answers = True
 
     def __init__(self, vocab: Vocabulary) -> None:
         super().__init__(vocab)

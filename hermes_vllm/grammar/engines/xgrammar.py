@@ -44,7 +44,7 @@ from hermes_vllm.grammar.engines.ebnf import (
     rename,
     split_rules,
 )
-from hermes_vllm.grammar.turn import LEAD_WHITESPACE, MARK, TurnSpec
+from hermes_vllm.grammar.turn import LEAD_WHITESPACE, MARK, TurnSpec, tag_initials
 from hermes_vllm.memo import memoize_small
 from hermes_vllm.schema import ToolSpec, canonical_json, canonical_value, iter_subschemas
 from hermes_vllm.schema.formats import formats_as_patterns
@@ -136,9 +136,7 @@ def _answer_rules(turn: TurnSpec, answer: ToolSpec) -> list[Rule]:
     no tag can be spelled inside the answer (``<`` is written ``\\u003c``, which JSON reads as
     ``<``). The answer is free text to every reader of spans (parsers, the processor's budget):
     a raw tag there would open a call or a reasoning span in their eyes."""
-    d = turn.dialect
-    firsts = sorted({t[0] for t in (d.tool_call.begin, *(p.begin for p in d.free_spans), *d.parsed_tags)})
-    banned = "".join("\\" + c if c in "[]^-\\" else c for c in firsts)
+    banned = tag_initials(turn.dialect)
     text = json.dumps(canonical_value(answer.parameters), ensure_ascii=False)
     rules, _ = _schema_rules(text, turn.max_whitespace)
     renamed = {name: f"t{len(turn.tools)}_{name}" for name in rules}
@@ -329,7 +327,7 @@ def _refuse_raw_patterns(turn: TurnSpec) -> None:
     """xgrammar matches a ``pattern`` against the raw JSON text of the string: a quote or a
     backslash the pattern names is written unescaped (``{"n": ""q"}`` for ``^"q$``), which is
     invalid JSON. Its classes, ranges and ``.`` leave both out, so only named ones are refused."""
-    for tool in (*turn.tools, *([turn.answer] if turn.answers and turn.answer is not None else [])):
+    for tool in turn.written:
         for path, sub in iter_subschemas(tool.parameters):
             pattern = sub.get("pattern")
             raw = literal_characters(pattern) & {'"', "\\"} if isinstance(pattern, str) else set()

@@ -1,0 +1,162 @@
+"""Real agent clients with tools and a typed result, on the model trained here (issue 27).
+
+An OpenAI Agents SDK agent (``Agent(tools=..., output_type=...)`` through ``Runner.run``, over Chat
+Completions and over Responses) and a pydantic-ai agent (a tool and ``NativeOutput``: a
+``response_format`` JSON schema beside the tools) run against our server on the trained model
+(:mod:`hermes_vllm.testing.trained_model`, Qwen 3's template, our ``hermes_vllm_qwen`` parsers), with
+no logit bias. Each first turn sends the tools and the answer's schema under ``tool_choice``
+``auto``: the model calls the tool (before the turn grammar took the schema in, vLLM's structured
+output ran from the first token and the model could only answer). The client runs the tool and
+sends its result; that turn asks ``tool_choice`` ``none`` beside the same tools and schema, and the
+answer it writes is the run's validated typed output. (The trained model saw only first turns in
+training: under ``auto`` it calls the tool again after every tool result, so the clients' own
+per-turn settings, an Agents SDK hook and a pydantic-ai settings callable, ask for the answer.)
+Without the fix every test here fails: vLLM's schema runs from the first token, the model answers
+at once with no call, and its answer is cut at ``max_tokens``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from openai import AsyncOpenAI
+from pydantic import BaseModel
+
+from hermes_vllm.testing.server import CPU_ARGS, CPU_ENV, openai_server
+from hermes_vllm.testing.trained_model import trained_model_path
+
+pytestmark = pytest.mark.server
+
+QUESTION = "Find the area of a triangle with a base of 10 units and height of 5 units."
+MAX_TOKENS = 200
+
+
+class Area(BaseModel):
+    """The agents' typed result."""
+
+    area: float
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, Path]]:
+    model = trained_model_path()
+    args = [*CPU_ARGS, "--enable-auto-tool-choice", "--seed", "0"]
+    args += ["--tool-call-parser", "hermes_vllm_qwen", "--reasoning-parser", "hermes_vllm_qwen"]
+    log = tmp_path_factory.mktemp("agents") / "server.log"
+    with openai_server(model, args, CPU_ENV, log_path=log) as url:
+        yield url, str(model), log
+
+
+def recording_client(url: str, sent: list[dict[str, Any]]) -> AsyncOpenAI:
+    """An ``openai`` client that appends the JSON body of every request it sends to ``sent``."""
+
+    async def record(request: httpx.Request) -> None:
+        sent.append(json.loads(request.content))
+
+    http = httpx.AsyncClient(event_hooks={"request": [record]}, timeout=600)
+    return AsyncOpenAI(base_url=url, api_key="unused", max_retries=0, http_client=http)
+
+
+def triangle_area(ran: list[tuple[int, int]]) -> Any:
+    """The tool (a BFCL function the model was trained on), recording each call in ``ran``."""
+
+    def calculate_triangle_area(base: int, height: int) -> float:
+        """Calculate the area of a triangle given its base and height."""
+        ran.append((base, height))
+        return base * height / 2
+
+    return calculate_triangle_area
+
+
+def check_turns(sent: list[dict[str, Any]], schema_field: str, log: Path) -> None:
+    """Two requests, each with the tools and the answer's schema: ``auto`` (the call), then ``none``
+    (the answer); nothing ended by the processor on the server."""
+    assert len(sent) == 2, sent
+    assert all(body["tools"] and schema_field in json.dumps(body) for body in sent), sent
+    assert sent[0].get("tool_choice", "auto") == "auto" and sent[1]["tool_choice"] == "none", sent
+    assert "ending a constrained request" not in log.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_an_agents_sdk_agent_calls_its_tool_then_returns_its_typed_output_on_the_trained_model(
+    server: tuple[str, str, Path], api: str
+) -> None:
+    from agents import (
+        Agent,
+        AgentHooks,
+        ModelSettings,
+        OpenAIChatCompletionsModel,
+        OpenAIResponsesModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
+
+    url, model_name, log = server
+    set_tracing_disabled(True)
+    ran: list[tuple[int, int]] = []
+    sent: list[dict[str, Any]] = []
+
+    class AnswerOnceTheToolRan(AgentHooks[Any]):
+        async def on_tool_end(self, context: Any, agent: Any, tool: Any, result: Any) -> None:
+            agent.model_settings = dataclasses.replace(agent.model_settings, tool_choice="none")
+
+    async def play() -> Any:
+        client = recording_client(url, sent)
+        kind = OpenAIChatCompletionsModel if api == "chat" else OpenAIResponsesModel
+        agent = Agent(
+            name="geometry",
+            instructions="Use the tool, then answer.",
+            tools=[function_tool(triangle_area(ran))],
+            output_type=Area,
+            model=kind(model=model_name, openai_client=client),
+            model_settings=ModelSettings(max_tokens=MAX_TOKENS, temperature=0.0),
+            reset_tool_choice=False,
+            hooks=AnswerOnceTheToolRan(),
+        )
+        return await Runner.run(agent, QUESTION, max_turns=3)
+
+    result = asyncio.run(play())
+    assert len(ran) == 1, ran
+    assert isinstance(result.final_output, Area), result.final_output
+    check_turns(sent, "response_format" if api == "chat" else "json_schema", log)
+
+
+def test_a_pydantic_ai_agent_calls_its_tool_then_returns_its_typed_native_output_on_the_trained_model(
+    server: tuple[str, str, Path],
+) -> None:
+    from pydantic_ai import Agent, NativeOutput, RunContext
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.profiles.openai import OpenAIModelProfile
+    from pydantic_ai.providers.openai import OpenAIProvider
+    from pydantic_ai.settings import ModelSettings
+
+    url, model_name, log = server
+    ran: list[tuple[int, int]] = []
+    sent: list[dict[str, Any]] = []
+
+    def settings(context: RunContext[None]) -> ModelSettings:
+        """``auto`` on the first step (the default), ``none`` once the tool has answered."""
+        chosen: ModelSettings = {"max_tokens": MAX_TOKENS, "temperature": 0.0}
+        if context.run_step > 1:
+            chosen["tool_choice"] = "none"
+        return chosen
+
+    model = OpenAIChatModel(
+        model_name,
+        provider=OpenAIProvider(openai_client=recording_client(url, sent)),
+        # A served model's name says nothing of its features: the profile says it takes a JSON schema.
+        profile=OpenAIModelProfile(supports_json_schema_output=True),
+    )
+    agent = Agent(model, output_type=NativeOutput(Area), tools=[triangle_area(ran)], model_settings=settings)
+    result = agent.run_sync(QUESTION)
+    assert len(ran) == 1, ran
+    assert isinstance(result.output, Area), result.output
+    check_turns(sent, "response_format", log)
