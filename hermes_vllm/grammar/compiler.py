@@ -38,7 +38,7 @@ from hermes_vllm.schema import (
     read_tools,
 )
 from hermes_vllm.settings import Limits, get_limits
-from hermes_vllm.spans import read_tail
+from hermes_vllm.spans import TextFollower
 
 logger = logging.getLogger(__name__)
 
@@ -249,28 +249,18 @@ class _Start:
 
 
 class _Gate:
-    """Follows a matcher's text to know when it is at a clean point (see :class:`ToolCallMatcher`).
-
-    Only tokens holding a tag's first character, or following a partly written tag, can move it
-    off or back to a clean point; the others cost a substring test.
-    """
+    """Follows a matcher's text to know when it is at a clean point (see :class:`ToolCallMatcher`),
+    through the turn's one tag reader (:class:`~hermes_vllm.spans.TextFollower`)."""
 
     def __init__(self, dialect: Dialect, latin1: list[str], start: _Start) -> None:
         self._dialect = dialect
         self._latin1 = latin1
         self.start = start
-        pairs = (dialect.tool_call, *dialect.free_spans)
-        self._marks = "".join(sorted({c for p in pairs for c in (p.begin[0], p.end[0])}))
         self._history: list[int] = []
         self._reset()
 
     def _reset(self) -> None:
-        self._tail = ""
-        """The text since the last clean point."""
-        self._tail_clean = True
-        """No span open and no tag begun in that text."""
-        self._recheck = False
-        """A tag is partly written: the next token must be read whatever it holds."""
+        self._follower = TextFollower(self._dialect)
         self._utf8_need = 0
         """Continuation bytes the last character still needs."""
         self.pending: list[int] = []
@@ -292,16 +282,8 @@ class _Gate:
         text = self._latin1[token_id] if 0 <= token_id < len(self._latin1) else ""
         if self._utf8_need or not text.isascii():
             self._utf8_need = utf8_need(self._utf8_need, text)
-        if self._recheck or any(c in text for c in self._marks):
-            self._tail += text
-            tail = read_tail(self._tail, self._dialect)
-            self._tail_clean = tail.clean
-            self._recheck = tail.begun is not None or tail.end_begun
-            if tail.clean:
-                self._tail = ""
-        elif not self._tail_clean:
-            self._tail += text
-        self.clean = self._tail_clean and self._utf8_need == 0
+        self._follower.feed(text)
+        self.clean = self._follower.tail.clean and self._utf8_need == 0
         if self.clean:
             self.pending.clear()
         else:
