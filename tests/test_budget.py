@@ -419,11 +419,11 @@ def test_the_turns_spans_share_one_reasoning_budget(tokenizer: Any) -> None:
 def test_the_frontend_refuses_exactly_below_the_engines_reserve_mark_included(tokenizer: Any) -> None:
     """One count of the reserve: the smallest ``max_tokens`` the frontend admits is the engine's
     reserve, which holds the shortest call and the mark of a call the budget closes."""
-    from hermes_vllm.budget.served import register_tokenizer
+    from hermes_vllm.budget import served_vocabulary
     from hermes_vllm.processor.core import prepared_turn, validate_request
     from hermes_vllm.settings import get_limits
 
-    register_tokenizer(tokenizer)
+    speller = served_vocabulary(tokenizer).speller
     args = constraint_args([TOOL], "required")
     state = core_for(tokenizer).admit(args, [], max_tokens=500)
     assert state is not None and state.budget is not None
@@ -434,8 +434,8 @@ def test_the_frontend_refuses_exactly_below_the_engines_reserve_mark_included(to
     spelled = len(tokenizer.encode(shortest + MARK, add_special_tokens=False))
     assert reserve >= spelled + 4  # the margin's default
     with pytest.raises(ValueError, match=f"max_tokens={reserve - 1} .* {reserve} tokens"):
-        validate_request(args, "auto", reserve - 1)
-    assert validate_request(args, "auto", reserve) is not None
+        validate_request(args, "auto", reserve - 1, speller)
+    assert validate_request(args, "auto", reserve, speller) is not None
     # Under the drop policy no mark is written, and none is reserved.
     dropping = {**args, "hermes_vllm_cut_policy": "drop"}
     state = core_for(tokenizer).admit(dropping, [], max_tokens=500)

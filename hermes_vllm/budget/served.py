@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
 from functools import cached_property
 from typing import Any
 
@@ -29,29 +29,8 @@ class ServedVocabulary:
         return self.speller
 
 
-_served: list[ServedVocabulary] = []
-_frontend: list[Callable[[], Speller]] = []
-
-
+@functools.lru_cache(maxsize=2)
 def served_vocabulary(tokenizer: Any) -> ServedVocabulary:
-    """The :class:`ServedVocabulary` of ``tokenizer``, kept for the latest one (vLLM builds the
+    """The :class:`ServedVocabulary` of ``tokenizer``, kept for the latest ones (vLLM builds the
     parsers per request, with the server's one tokenizer)."""
-    if not (_served and _served[0].tokenizer is tokenizer):
-        _served[:] = [ServedVocabulary(tokenizer)]
-    return _served[0]
-
-
-def register_speller(source: Callable[[], Speller]) -> None:
-    """Make the served model's vocabulary known to the frontend's admission check (the latest
-    wins): an in-process engine registers its own core's speller."""
-    _frontend[:] = [source]
-
-
-def register_tokenizer(tokenizer: Any) -> None:
-    """:func:`register_speller` for the server's tokenizer (the tool parser registers it)."""
-    register_speller(served_vocabulary(tokenizer))
-
-
-def frontend_speller() -> Speller | None:
-    """The speller registered last, if any."""
-    return _frontend[0]() if _frontend else None
+    return ServedVocabulary(tokenizer)

@@ -30,7 +30,6 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionReque
 from vllm.renderers.chat_utils import make_tool_call_id
 from vllm.tool_parsers.abstract_tool_parser import ToolParser
 
-from hermes_vllm.budget.served import register_tokenizer
 from hermes_vllm.constraint import constraint_args
 from hermes_vllm.dialect import DEFAULT_DIALECT, TagPair, get_dialect
 from hermes_vllm.parsers import finish_reason
@@ -38,7 +37,7 @@ from hermes_vllm.parsers.answer import take_answer
 from hermes_vllm.parsers.responses_api import responses_tool_choice, responses_tools
 from hermes_vllm.parsers.shared import delta_message, keep_special_tags, own_constraint, prompt_opened
 from hermes_vllm.parsers.span_stream import Released, SpanStream
-from hermes_vllm.processor import remote
+from hermes_vllm.processor import ToolCallLogitsProcessor, remote
 
 if TYPE_CHECKING:
     from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
@@ -81,7 +80,7 @@ class DialectToolParser(ToolParser):  # type: ignore[misc]
         # Runs in the API server only, before vLLM looks the non-streaming method up (idempotent).
         finish_reason.install()
         remote.install()  # engines on other hosts confirm activation through vLLM's RPC
-        register_tokenizer(tokenizer)  # the frontend's reserve check counts the shortest call with it
+        ToolCallLogitsProcessor.frontend.serve_tokenizer(tokenizer)  # the reserve check counts in it
         self.dialect = get_dialect(self.dialect_name)
         self._stream: SpanStream | None = None
         self._calls_sent = 0

@@ -7,7 +7,6 @@ import os
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from hermes_vllm.budget.served import register_speller
 from hermes_vllm.constraint import special_tags
 from hermes_vllm.dialect import available_dialects
 from hermes_vllm.processor import handshake, remote
@@ -67,7 +66,10 @@ def new_core(vllm_config: VllmConfig, pin_memory: bool) -> ConstraintCore:
         engine_name(),
         pin_memory,
     )
-    register_speller(lambda: core.speller)  # offline, the frontend check runs in this process
+    from hermes_vllm.processor.v2 import ToolCallLogitsProcessor
+
+    # Offline the frontend's check runs in this process: it counts in this core's vocabulary.
+    ToolCallLogitsProcessor.frontend.serve_engine(lambda: core.speller)
     return core
 
 

@@ -38,7 +38,6 @@ import xgrammar as xgr
 
 from hermes_vllm.budget import NOTHING, Plan, Speller, TurnBudget, as_latin1
 from hermes_vllm.budget.needs import TurnNeeds
-from hermes_vllm.budget.served import frontend_speller
 from hermes_vllm.constraint import ConstraintRequest, parse_constraint
 from hermes_vllm.dialect import Dialect
 from hermes_vllm.grammar import GrammarCompileError, ToolGrammarCompiler
@@ -68,19 +67,20 @@ BATCH_FILL_MIN = 8
 SPARSE_BANS_MAX = 1024
 
 
-def validate_request(extra_args: Any, engine: str, max_tokens: int | None = None) -> ConstraintRequest | None:
+def validate_request(
+    extra_args: Any, engine: str, max_tokens: int | None = None, speller: Speller | None = None
+) -> ConstraintRequest | None:
     """Frontend check of a request's constraint; ``ValueError`` -> HTTP 400.
 
-    Where the frontend knows the vocabulary (:func:`register_tokenizer`), a ``required`` / named
-    request whose ``max_tokens`` is below the reserve the engine keeps for its call
-    (:func:`turn_reserve`: the shortest call, the mark of a call the budget closes, the margin) is
-    refused with both numbers; without it the engine still forces the call to open in time.
+    Given the served vocabulary's ``speller``, a ``required`` / named request whose ``max_tokens``
+    is below the reserve the engine keeps for its call (:func:`turn_reserve`: the shortest call,
+    the mark of a call the budget closes, the margin) is refused with both numbers; without it
+    the engine still forces the call to open in time.
     """
     request = parse_constraint(extra_args)
     if request is None:
         return None
     turn = prepared_turn(request, engine, get_limits())
-    speller = frontend_speller()
     _check_answer(turn, max_tokens, speller)
     if turn.prepared.spec.mode != "required":
         return request

@@ -16,16 +16,14 @@ V2 across releases").
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsProcessor as V2LogitsProcessor
 
-from hermes_vllm.constraint import check_special_tags
-from hermes_vllm.processor import speculative
-from hermes_vllm.processor.config import core_for_config, engine_name
-from hermes_vllm.processor.core import PROMPT_TAIL, RowState, refuse_structured_outputs, validate_request
-from hermes_vllm.processor.handshake import announced_special_tags, runner_active, status
+from hermes_vllm.processor.config import core_for_config
+from hermes_vllm.processor.core import PROMPT_TAIL, RowState
+from hermes_vllm.processor.frontend import Frontend
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -35,32 +33,6 @@ if TYPE_CHECKING:
 # Tokens copied back per slot each step; a step commits at most one token per request without
 # speculative decoding (served by vLLM's structured outputs instead), the rest is headroom.
 _WINDOW = 4
-_active_seen = False
-
-
-def validate_constraint(params: SamplingParams) -> None:
-    """Frontend admission check shared by both runners: ``ValueError`` becomes HTTP 400.
-
-    Under speculative decoding the request is handed to vLLM's structured outputs
-    (:mod:`hermes_vllm.processor.speculative`).
-    """
-    global _active_seen
-    request = validate_request(params.extra_args, engine_name(), params.max_tokens)
-    if request is None:
-        return
-    if params.structured_outputs is not None and not speculative.is_marked(params):
-        refuse_structured_outputs(request, params.structured_outputs)
-    if not _active_seen:
-        active, detail = status()
-        if not active:
-            lacking = speculative.missing()
-            if lacking is not None:
-                detail += f"; under speculative decoding: {lacking}"
-            raise ValueError(f"hermes-vllm cannot constrain this request's tool calls: {detail}")
-        _active_seen = True
-    check_special_tags(request, params.skip_special_tokens, announced_special_tags())
-    if runner_active(speculative.RUNNER):
-        speculative.route(params)
 
 
 def _is_v1_construction(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -75,6 +47,10 @@ class ToolCallLogitsProcessor(V2LogitsProcessor):  # type: ignore[misc]
     V1 loader constructs it with the V1 signature, ``__new__`` hands over to the V1 adapter. One
     install thus works on whichever runner vLLM picks, with no flag.
     """
+
+    frontend: ClassVar[Frontend] = Frontend()
+    """The admission check's view of the served model (vLLM calls ``validate_params`` on the
+    class, with the request's parameters alone)."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         if _is_v1_construction(args, kwargs):
@@ -102,7 +78,7 @@ class ToolCallLogitsProcessor(V2LogitsProcessor):  # type: ignore[misc]
 
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams) -> None:
-        validate_constraint(sampling_params)
+        cls.frontend.validate(sampling_params)
 
     def add_request(self, req_idx: int, sampling_params: SamplingParams) -> bool:
         self.slots.pop(req_idx, None)
