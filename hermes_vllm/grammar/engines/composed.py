@@ -36,6 +36,7 @@ from hermes_vllm.dialect import Dialect
 from hermes_vllm.grammar.engines.base import EngineGrammar, EngineMatcher, Vocabulary
 from hermes_vllm.grammar.engines.head import MONOLITHIC, Node, SortedVocabulary, admitted, build_head, walk
 from hermes_vllm.grammar.turn import TurnSpec
+from hermes_vllm.spans import partial_tag_suffix
 
 logger = logging.getLogger(__name__)
 
@@ -69,18 +70,19 @@ class _FreeText:
     """Follows the text outside calls: which span is open, and when a call tag is complete.
 
     Free text holds no tag's begin, and a span's text no end of it (as the turn grammar says), so
-    the first tag written is the one that counts.
+    the first tag written is the one that counts. Text is read as latin-1 (one char a byte, so
+    offsets are the bytes'); what may yet become a tag is :func:`~hermes_vllm.spans.partial_tag_suffix`'s.
     """
 
     def __init__(self, dialect: Dialect) -> None:
-        self.begin = dialect.tool_call.begin.encode()
-        self.spans = [(p.begin.encode(), p.end.encode()) for p in dialect.free_spans]
+        self.begin = _latin1(dialect.tool_call.begin)
+        self.spans = [(_latin1(p.begin), _latin1(p.end)) for p in dialect.free_spans]
         self.span: int | None = None
-        self.carry = b""
+        self.carry = ""
 
     def feed(self, data: bytes) -> int | None:
         """Offset in ``data`` just after a completed call tag (the rest is the call's), or None."""
-        buf, base, i = self.carry + data, len(self.carry), 0
+        buf, base, i = self.carry + data.decode("latin-1"), len(self.carry), 0
         while True:
             if self.span is None:
                 tags = [(self.begin, -1), *((b, j) for j, (b, _) in enumerate(self.spans))]
@@ -89,14 +91,12 @@ class _FreeText:
             found = [(pos, tag, kind) for tag, kind in tags if (pos := buf.find(tag, i)) >= 0]
             if not found:
                 rest = buf[i:]
-                self.carry = next(
-                    (rest[k:] for k in range(len(rest)) if any(t.startswith(rest[k:]) for t, _ in tags)), b""
-                )
+                self.carry = rest[len(rest) - partial_tag_suffix(rest, tuple(tag for tag, _ in tags)) :]
                 return None
             pos, tag, kind = min(found)
             i = pos + len(tag)
             if kind == -1:
-                self.carry = b""
+                self.carry = ""
                 return i - base
             self.span = None if kind == -2 else kind
 
@@ -104,10 +104,12 @@ class _FreeText:
         """The call tag's bytes still to come where the text ends inside one (else empty)."""
         if self.span is not None:
             return b""
-        for k in range(len(self.carry)):
-            if self.begin.startswith(self.carry[k:]):
-                return self.begin[len(self.carry) - k :]
-        return b""
+        written = partial_tag_suffix(self.carry, (self.begin,))
+        return self.begin[written:].encode("latin-1") if written else b""
+
+
+def _latin1(tag: str) -> str:
+    return tag.encode().decode("latin-1")
 
 
 class _Arguments:
@@ -344,7 +346,7 @@ class ComposedMatcher(EngineMatcher):
                 return False
             if not self.head.accept_string(data[: len(rest)]):
                 return False
-            self.text.carry = b""
+            self.text.carry = ""
             self._open_call(after, token_id)
             return True
         if not self.head.accept_token(token_id):
