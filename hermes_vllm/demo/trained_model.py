@@ -272,9 +272,9 @@ class Recipe:
     max_prompt_tokens: int = 640
     threads: int = 1
     """Kernels reduce in another order on another thread count, so it is part of the recipe. One:
-    on this 2-core machine a step of 4 x 700 tokens took 1.2 s on one thread and 5 s on two with
-    one other busy process (every kernel waits for the slower thread), so one is also the fast
-    choice wherever the machine is shared."""
+    beside another busy process every kernel on two threads waits for the slower one, so one is
+    also the fast choice wherever the machine is shared (docs/architecture.md, "Measurements
+    behind the code")."""
     silent_weight: float = -1e6
     """The head weight of never-seen tokens on the constant channel (:func:`silence_rows`)."""
     data_version: int = DATA_VERSION
