@@ -211,10 +211,11 @@ def run(
     growth that must stay within the caches' limits is the one after it.
     """
     from support.corpus import bfcl_files, load_bfcl
+    from support.readings import server_usage
     from transformers import AutoTokenizer
 
     from hermes_vllm.demo.bias import call_bias
-    from hermes_vllm.demo.server import CPU_ARGS, CPU_ENV, openai_server, server_usage
+    from hermes_vllm.demo.server import CPU_ARGS, CPU_ENV, openai_server
     from hermes_vllm.testing import tiny_model_path
 
     model = str(tiny_model_path())

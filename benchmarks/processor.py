@@ -152,11 +152,12 @@ def end_to_end(
     from contextlib import ExitStack
 
     from openai import AsyncOpenAI
+    from support.readings import server_usage
     from transformers import AutoTokenizer
 
     from hermes_vllm.demo import TOOLS
     from hermes_vllm.demo.bias import call_bias
-    from hermes_vllm.demo.server import CPU_ARGS, CPU_ENV, openai_server, server_usage
+    from hermes_vllm.demo.server import CPU_ARGS, CPU_ENV, openai_server
     from hermes_vllm.testing import tiny_model_path
 
     model = str(tiny_model_path(tokenizer_name))  # type: ignore[arg-type]

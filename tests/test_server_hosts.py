@@ -19,6 +19,7 @@ from pathlib import Path
 import jsonschema
 import openai
 import pytest
+from support.readings import Reply
 from test_server_openai import (
     NAME_OF,
     SCHEMAS,
@@ -31,7 +32,7 @@ from test_server_openai import (
 )
 
 from hermes_vllm.demo.bias import call_bias
-from hermes_vllm.demo.server import CPU_ARGS, CPU_ENV, Reply, openai_server
+from hermes_vllm.demo.server import CPU_ARGS, CPU_ENV, openai_server
 from hermes_vllm.dialect import get_dialect
 from hermes_vllm.formats.chat_template import chat_template
 from hermes_vllm.testing import tiny_model_path

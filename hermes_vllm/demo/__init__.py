@@ -19,6 +19,10 @@ server. Nor does it open a call by itself: ``auto`` requests also favour the cal
 ``required`` ones do not, so their call comes from the constraint and its token budget alone.
 With ``--model`` (a Hugging Face id or path) it serves that model on the demo's tools with
 vLLM's defaults for the platform and no bias.
+
+Beside it, what only the demo runs (the tests and benchmarks use them too): the model recipe
+(:mod:`.trained_model`), the BFCL corpus it trains on (:mod:`.bfcl`), the server launcher
+(:mod:`.server`) and the random model's bias (:mod:`.bias`).
 """
 
 from __future__ import annotations

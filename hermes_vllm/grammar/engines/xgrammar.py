@@ -5,12 +5,12 @@ rule), the call and span tags after it (robust to any token boundary, since xgra
 tag text byte by byte), a JSON-schema call body, and an optional unclosed reasoning/hidden span at
 the end so that free text and reasoning may stop anywhere. Each tool's arguments come from
 xgrammar's JSON-schema conversion; its basic JSON rules are the same text for every schema and
-are kept once (each copy took its own masks). Writing the EBNF directly
-costs less than going through xgrammar's structural tags and merging their copies afterwards. Each whitespace gap is then folded into the element after it, and rules that match
-the same text are written once (:mod:`.ebnf`): tools repeat each other's enums, objects and
-folded gaps, and merging leaves a third of 400 BFCL tools' rules (xgrammar builds the masks of
-every rule: the compile and the masks in a call cost less; docs/architecture.md, "Measurements
-behind the code").
+are kept once (each copy took its own masks). Writing the EBNF directly costs less than going
+through xgrammar's structural tags and merging their copies afterwards. Each whitespace gap is then
+folded into the element after it, and rules that match the same text are written once
+(:mod:`.ebnf`): tools repeat each other's enums, objects and folded gaps, and merging leaves a
+third of 400 BFCL tools' rules (xgrammar builds the masks of every rule: the compile and the masks
+in a call cost less; docs/architecture.md, "Measurements behind the code").
 """
 
 from __future__ import annotations
