@@ -27,6 +27,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -e '.[$(EXTRAS)]'
 	# These come with vLLM's requirements but do not import beside the CPU torch and break model loading.
 	case '$(EXTRAS)' in *cpu*) $(PY) -m pip uninstall -y torchvision torchaudio torchcodec triton ;; esac
+	# tests/ on the venv's path: the test bench (tests/support/, never shipped) for the tests, the
+	# benchmarks and the processes they start.
+	echo '$(CURDIR)/tests' > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/hermes_vllm_tests.pth"
 	touch $@
 
 demo: venv
@@ -34,18 +37,18 @@ demo: venv
 
 # The reference corpora from their pinned registry files (tests fetch them on first use too).
 corpus: venv
-	$(PY) -c 'from hermes_vllm.testing.corpus import registry_corpus; print(registry_corpus())'
+	$(PY) -c 'from support.corpus import bfcl_dir, suite_dir; print(bfcl_dir(), suite_dir())'
 
 test: venv
 	$(PY) -m pytest -q --durations=15 $(XDIST) $(PYTEST_ARGS)
 
 # The engine-free tests against each GPU release's Python layer (the pinned wheel less its compiled
-# parts, unzipped once into the artifact cache and put first on PYTHONPATH; hermes_vllm/testing/overlay.py).
+# parts, unzipped once into the artifact cache and put first on PYTHONPATH; tests/support/overlay.py).
 COMPAT ?= 0.33.0 0.34.0
 compat: venv
 	for version in $(COMPAT); do \
 	  echo "== vLLM $$version (Python layer)" && \
-	  overlay=$$($(PY) -c "from hermes_vllm.testing.overlay import vllm_overlay; print(vllm_overlay('$$version'))") && \
+	  overlay=$$($(PY) -c "from support.overlay import vllm_overlay; print(vllm_overlay('$$version'))") && \
 	  PYTHONPATH="$$overlay$${PYTHONPATH:+:$$PYTHONPATH}" VLLM_TARGET_DEVICE=cpu HERMES_VLLM_OVERLAY=$$version \
 	  $(PY) -m pytest -q -m 'not server and not engine' $(XDIST) $(PYTEST_ARGS) || exit 1; \
 	done

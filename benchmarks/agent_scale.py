@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 import xgrammar as xgr
+from support.soundness import distinct_tools
 
 from hermes_vllm.constraint import ARGS_KEY, constraint_args, decode_constraint
 from hermes_vllm.grammar import CompiledToolGrammar, ToolGrammarCompiler
@@ -40,7 +41,6 @@ from hermes_vllm.grammar.engines.base import allocate_bitmask
 from hermes_vllm.grammar.engines.xgrammar import XGrammarEngine
 from hermes_vllm.memo import clear_memos
 from hermes_vllm.schema import ToolSchemaError
-from hermes_vllm.testing.soundness import distinct_tools
 
 SIZES = (1, 8, 32, 139, 400)
 TARGETS = {  # issue 19, at 400 tools (checked at the largest size run): 2 cores, 131k vocabulary

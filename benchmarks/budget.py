@@ -1,7 +1,7 @@
 """Token-budget scenarios, ours against vLLM's own constraint in the same run; the cache decision.
 
 Serves the tiny model twice, one server after the other, and sends both the same scenarios
-(:mod:`hermes_vllm.testing.budget_scenarios`): ours with ``--tool-call-parser hermes_vllm
+(:mod:`support.budget_scenarios`): ours with ``--tool-call-parser hermes_vllm
 --reasoning-parser hermes_vllm``, vLLM's with ``--tool-call-parser hermes --tool-strict-level
 parameter --reasoning-parser qwen3``. Each scenario's figure is the replies that kept its promise.
 
@@ -33,10 +33,11 @@ SERVERS: dict[str, tuple[str, ...]] = {
 
 
 def scenarios(sets: int) -> dict[str, dict[str, Any]]:
+    from support import budget_scenarios
     from transformers import AutoTokenizer
 
-    from hermes_vllm.testing import budget_scenarios, tiny_model_path
-    from hermes_vllm.testing.server import CPU_ARGS, CPU_ENV, openai_server
+    from hermes_vllm.demo.server import CPU_ARGS, CPU_ENV, openai_server
+    from hermes_vllm.testing import tiny_model_path
 
     model = tiny_model_path("mistral-v1")
     tokenizer = AutoTokenizer.from_pretrained(str(model))
@@ -64,7 +65,7 @@ def scenarios(sets: int) -> dict[str, dict[str, Any]]:
 
 def cache_hit_rates(requests: int, clients: int, entries: int) -> dict[str, Any]:
     """Hit rates of an LRU of ``entries`` grammars over a trace, keyed both ways."""
-    from hermes_vllm.testing.corpus import sample_tool_sets
+    from support.corpus import sample_tool_sets
 
     rng = random.Random(0)
     tool_sets = [json.dumps(s, sort_keys=True) for s in sample_tool_sets(clients)]

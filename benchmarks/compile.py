@@ -48,14 +48,14 @@ from typing import Any
 
 import agent_scale
 import numpy as np
+from support.corpus import BfclCase, bfcl_files, load_bfcl
+from support.soundness import call_text, ground_truth_arguments
 
 from hermes_vllm.grammar import CompiledToolGrammar, GrammarCompileError, ToolGrammarCompiler, ToolSchemaError
 from hermes_vllm.grammar.cache import GrammarCache
 from hermes_vllm.grammar.engines.base import EngineGrammar, allocate_bitmask
 from hermes_vllm.schema import canonical_json
 from hermes_vllm.testing import tiny_model_path
-from hermes_vllm.testing.corpus import BfclCase, bfcl_files, load_bfcl
-from hermes_vllm.testing.soundness import call_text, ground_truth_arguments
 from hermes_vllm.testing.tiny_model import DIALECT_OF, TOKENIZER_NAMES
 
 RESULTS = Path(__file__).parent / "results"

@@ -210,12 +210,13 @@ def run(
     The first phase is the warm-up (vocabulary tables, the second engine, allocator arenas): the
     growth that must stay within the caches' limits is the one after it.
     """
+    from support.corpus import bfcl_files, load_bfcl
+    from support.readings import server_usage
     from transformers import AutoTokenizer
 
+    from hermes_vllm.demo.bias import call_bias
+    from hermes_vllm.demo.server import CPU_ARGS, CPU_ENV, openai_server
     from hermes_vllm.testing import tiny_model_path
-    from hermes_vllm.testing.bias import call_bias
-    from hermes_vllm.testing.corpus import bfcl_files, load_bfcl
-    from hermes_vllm.testing.server import CPU_ARGS, CPU_ENV, openai_server, server_usage
 
     model = str(tiny_model_path())
     # Closers only (``"``, ``}``, ``]``), nothing toward a call tag: every tool request is

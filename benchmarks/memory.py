@@ -34,14 +34,14 @@ os.environ.setdefault("HERMES_VLLM_XGRAMMAR_CACHE_BYTES", str(32 << 20))
 
 def run(mode: str, long: bool, phases: int, per_phase: int) -> dict[str, object]:
     import psutil
+    from support.corpus import bfcl_files, load_bfcl
+    from support.offline import offline_llm
     from transformers import AutoTokenizer
     from vllm import SamplingParams
 
     from hermes_vllm import constraint_args
+    from hermes_vllm.demo.bias import call_bias
     from hermes_vllm.testing import tiny_model_path
-    from hermes_vllm.testing.bias import call_bias
-    from hermes_vllm.testing.corpus import bfcl_files, load_bfcl
-    from hermes_vllm.testing.engine import offline_llm
 
     model = tiny_model_path("mistral-v1")
     bias = call_bias(AutoTokenizer.from_pretrained(str(model)))
@@ -76,12 +76,12 @@ def run_compile(passes: int, every: int, limit: int | None) -> dict[str, object]
     import time
 
     import psutil
+    from support.corpus import bfcl_files, load_bfcl
     from transformers import AutoTokenizer
 
     from hermes_vllm.grammar import GrammarCompileError, ToolGrammarCompiler, ToolSchemaError
     from hermes_vllm.settings import get_limits
     from hermes_vllm.testing import tiny_model_path
-    from hermes_vllm.testing.corpus import bfcl_files, load_bfcl
 
     libc = ctypes.CDLL("libc.so.6")
 

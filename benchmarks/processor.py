@@ -152,12 +152,13 @@ def end_to_end(
     from contextlib import ExitStack
 
     from openai import AsyncOpenAI
+    from support.readings import server_usage
     from transformers import AutoTokenizer
 
     from hermes_vllm.demo import TOOLS
+    from hermes_vllm.demo.bias import call_bias
+    from hermes_vllm.demo.server import CPU_ARGS, CPU_ENV, openai_server
     from hermes_vllm.testing import tiny_model_path
-    from hermes_vllm.testing.bias import call_bias
-    from hermes_vllm.testing.server import CPU_ARGS, CPU_ENV, openai_server, server_usage
 
     model = str(tiny_model_path(tokenizer_name))  # type: ignore[arg-type]
     bias = {str(k): v for k, v in call_bias(AutoTokenizer.from_pretrained(model)).items()}
@@ -223,12 +224,12 @@ def first_token(tokenizer_name: str, samples: int) -> dict[str, Any]:
     ``required`` requests open their call at the first token, so they wait for the compile:
     one-token requests with a new tool set each time (cold) against the same tool set (cached).
     """
+    from support.corpus import bfcl_files, load_bfcl
+    from support.offline import offline_llm
     from vllm import SamplingParams
 
     from hermes_vllm import constraint_args
     from hermes_vllm.testing import tiny_model_path
-    from hermes_vllm.testing.corpus import bfcl_files, load_bfcl
-    from hermes_vllm.testing.engine import offline_llm
 
     llm = offline_llm(tiny_model_path(tokenizer_name))  # type: ignore[arg-type]
     sets = [case.tools for path in bfcl_files() if "multiple" in path.name for case in load_bfcl(path)]
@@ -260,12 +261,12 @@ def first_token(tokenizer_name: str, samples: int) -> dict[str, Any]:
 
 
 def trained_cases(requests: int, max_tokens: int) -> tuple[str, list[tuple[str, list[dict[str, Any]]]]]:
-    """The trained model (:mod:`hermes_vllm.testing.trained_model`) and ``requests`` held-out BFCL
+    """The trained model (:mod:`hermes_vllm.demo.trained_model`) and ``requests`` held-out BFCL
     items as (prompt, tools): prompts its training put tools in, so its replies are call attempts
     (names, arguments), not the random model's whitespace."""
     from transformers import AutoTokenizer
 
-    from hermes_vllm.testing.trained_model import held_out_items, trained_model_path
+    from hermes_vllm.demo.trained_model import held_out_items, trained_model_path
 
     model = str(trained_model_path())
     tokenizer = AutoTokenizer.from_pretrained(model)
@@ -300,6 +301,8 @@ def required_offline(
     without any constraint run alongside as a third yardstick. With ``trained``, the requests are
     held-out BFCL items on the trained model (Qwen 3's tokenizer), each with its own tools.
     """
+    from support.offline import offline_llm
+    from support.timers import Timers
     from vllm import SamplingParams
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.sampling_params import StructuredOutputsParams
@@ -313,8 +316,6 @@ def required_offline(
     from hermes_vllm import sampling_options
     from hermes_vllm.processor.v1 import V1ToolCallLogitsProcessor
     from hermes_vllm.testing import tiny_model_path
-    from hermes_vllm.testing.engine import offline_llm
-    from hermes_vllm.testing.timers import Timers
 
     timers = Timers()
     timers.wrap(TopKTopPSampler, "forward_cpu", "sampler")

@@ -1,11 +1,11 @@
 """Does the constraint help a model that tries, and does it ever cost accuracy? Held-out BFCL items.
 
 The same held-out BFCL items (simple, multiple, parallel, live; never trained on:
-:func:`hermes_vllm.testing.trained_model.held_out_items`) go to every configuration of one run,
+:func:`hermes_vllm.demo.trained_model.held_out_items`) go to every configuration of one run,
 greedy (temperature 0, seed 0), no logit bias:
 
 - ``no parser``: vLLM's server with ``tool_choice="none"`` (the tools still in the prompt):
-  the raw text, read as a client would (:func:`hermes_vllm.testing.bfcl_judge.calls_from_text`);
+  the raw text, read as a client would (:func:`support.bfcl_judge.calls_from_text`);
 - ``vLLM hermes``: ``--tool-call-parser hermes``, ``auto``;
 - ``vLLM strict``: the same with ``--tool-strict-level parameter`` (vLLM's own constraint), ``auto``;
 - ``ours auto`` / ``ours required`` / ``ours named`` (the named tool, on the items that expect
@@ -23,7 +23,7 @@ greedy (temperature 0, seed 0), no logit bias:
 ``target_order_differs_from_schema`` the items whose training-style target does.
 
 Per configuration: parse rate, schema-valid rate, right tool, BFCL exact arguments
-(:mod:`hermes_vllm.testing.bfcl_judge`), completion tokens per reply, wall time of the batch.
+(:mod:`support.bfcl_judge`), completion tokens per reply, wall time of the batch.
 Configurations that differ only per request share a server; each server starts once.
 
 Usage: python benchmarks/quality.py [--items 100] [--model PATH] [--servers a,b] [--out DIR]
@@ -47,8 +47,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from hermes_vllm.testing.bfcl_judge import ParsedCall, Verdict, calls_from_text, judge
-from hermes_vllm.testing.trained_model import Item, held_out_items
+from support.bfcl_judge import ParsedCall, Verdict, calls_from_text, judge
+
+from hermes_vllm.demo.trained_model import Item, held_out_items
 
 logger = logging.getLogger("quality")
 
@@ -307,8 +308,8 @@ def serve(name: str, model: str, items: Sequence[Item], max_tokens: int, workers
     """Start server ``name`` once and send it every item under each of its configurations."""
     from openai import OpenAI
 
+    from hermes_vllm.demo.server import CPU_ARGS, CPU_ENV, openai_server
     from hermes_vllm.formats.chat_template import chat_template
-    from hermes_vllm.testing.server import CPU_ARGS, CPU_ENV, openai_server
 
     server = SERVERS[name]
     started = time.monotonic()
@@ -408,7 +409,7 @@ def plot(summaries: dict[str, dict[str, Any]], path: Path, title: str) -> None:
 
 def default_model() -> str:
     """The trained model's served directory (trained on first use, then cached)."""
-    from hermes_vllm.testing import trained_model
+    from hermes_vllm.demo import trained_model
 
     return str(trained_model.trained_model_path())
 
@@ -427,7 +428,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from transformers import AutoTokenizer
 
-    from hermes_vllm.testing.server import CPU_ARGS
+    from hermes_vllm.demo.server import CPU_ARGS
 
     model = args.model or default_model()
     tokenizer = AutoTokenizer.from_pretrained(model)

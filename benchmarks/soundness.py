@@ -3,7 +3,7 @@
     python benchmarks/soundness.py [--engine xgrammar] [--tokenizer mistral-v1|tekken] [--out PATH.json]
 
 Writes PATH.json (every outcome), PATH.md (tables, failures, refusals) and PATH.png (rates per
-keyword file). What is checked and why is in ``hermes_vllm/testing/soundness.py``.
+keyword file). What is checked and why is in ``tests/support/soundness.py``.
 """
 
 from __future__ import annotations
@@ -16,16 +16,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hermes_vllm.grammar import ToolGrammarCompiler
-from hermes_vllm.testing import tiny_model_path
-from hermes_vllm.testing.corpus import bfcl_files, suite_files
-from hermes_vllm.testing.soundness import (
+from support.corpus import bfcl_files, suite_files
+from support.soundness import (
     BfclFileReport,
     SuiteFileReport,
     check_bfcl_file,
     check_probes,
     check_suite_file,
 )
+
+from hermes_vllm.grammar import ToolGrammarCompiler
+from hermes_vllm.testing import tiny_model_path
 
 RESULTS = Path(__file__).parent / "results"
 _COLUMNS = ("groups", "compiled", "refused", "crashed")

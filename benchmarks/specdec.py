@@ -27,8 +27,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hermes_vllm.testing.drafts import COPYABLE_PROMPT, NGRAM
-from hermes_vllm.testing.timers import Timers
+from support.drafts import COPYABLE_PROMPT, NGRAM
+from support.timers import Timers
+
 from hermes_vllm.testing.tiny_model import DIALECT_OF, TOKENIZER_NAMES
 
 TOOL = {
@@ -95,6 +96,7 @@ def replay(
 def measure(
     tokenizer_name: str, requests: int, max_tokens: int, passes: int, drafts: int, rounds: int = 0
 ) -> dict[str, Any]:
+    from support.offline import offline_llm
     from vllm import SamplingParams
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.sampling_params import StructuredOutputsParams
@@ -107,7 +109,6 @@ def measure(
     from hermes_vllm.processor import speculative
     from hermes_vllm.processor.hosted import HostedGrammar
     from hermes_vllm.testing import tiny_model_path
-    from hermes_vllm.testing.engine import offline_llm
 
     timers = Timers()
     for method in ("accept_tokens", "validate_tokens", "rollback", "fill_bitmask"):

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 import xgrammar as xgr
+from support.budget_scenarios import WEATHER as TOOL
 from transformers import AutoTokenizer
 from vllm import SamplingParams
 
@@ -41,7 +42,6 @@ from hermes_vllm.processor import ToolCallLogitsProcessor
 from hermes_vllm.processor.config import new_core
 from hermes_vllm.processor.hosted import RowHost
 from hermes_vllm.testing import tiny_model_path
-from hermes_vllm.testing.budget_scenarios import WEATHER as TOOL
 from hermes_vllm.testing.engine import engine_config
 from hermes_vllm.testing.v2_runner import CALL_ORDERS, V2Runner, context, play_step
 

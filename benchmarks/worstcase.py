@@ -12,7 +12,7 @@ every ``--stride``-th ``max_tokens`` from the turn's reserve to reserve + 64 (``
 ``max_tokens`` by one sampler, in turn), each run with one of:
 nothing else, ``stop=["\\n\\n"]``, a thinking budget of 6 with vLLM's own thinking budget played.
 With ``--generated`` the shapes are the tools clients generate instead
-(:mod:`hermes_vllm.testing.generated_schemas`: pydantic models, their ``allOf`` form, the openai
+(:mod:`support.generated_schemas`: pydantic models, their ``allOf`` form, the openai
 SDK's strict form), each alone, and all of them four times over under other names (a 72-tool set
 that the composed matcher serves on xgrammar); a run is kept only if the client's own model
 (``Model.model_validate``) and jsonschema with format checking accept every call.
@@ -36,6 +36,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from support.corpus import sample_tool_sets
+from support.generated_schemas import GeneratedTool, generated_tools
 from transformers import AutoTokenizer
 
 from hermes_vllm import constraint_args
@@ -44,9 +46,7 @@ from hermes_vllm.processor.core import ConstraintCore
 from hermes_vllm.spans import split_spans
 from hermes_vllm.testing import tiny_model_path
 from hermes_vllm.testing.adversary import SAMPLERS, Scenario, V2Driver, run
-from hermes_vllm.testing.corpus import sample_tool_sets
 from hermes_vllm.testing.engine import engine_config
-from hermes_vllm.testing.generated_schemas import GeneratedTool, generated_tools
 
 RESULTS = Path(__file__).parent / "results"
 THINKING = 6

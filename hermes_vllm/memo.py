@@ -19,8 +19,8 @@ from collections.abc import Callable, Hashable
 from typing import ParamSpec, TypeVar
 
 CHARS = 8 * 1024 * 1024
-"""Total length of the inputs each memo keeps: some thirty agents' 400-tool sets (50-300 KB of
-JSON each), or tens of thousands of single tools."""
+"""Total length of the inputs each memo keeps: some thirty agents' 400-tool sets, or tens of
+thousands of single tools (the sizes of BFCL's sets: docs/architecture.md, "Measurements behind the code")."""
 MIN_CHARS = 256
 """What the shortest inputs count for, so that a memo of short keys holds at most 32k entries."""
 MAX_CHARS = 1024 * 1024

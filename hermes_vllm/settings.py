@@ -36,13 +36,14 @@ class Limits:
     same tools every turn); 0 turns it off."""
     xgrammar_cache_bytes: int = 256 * 1024 * 1024
     """Resident memory xgrammar's own cache may hold: token masks of rules that recur across tool
-    sets (JSON strings, numbers, tags), which makes a new tool set's compile about 4x faster.
+    sets (JSON strings, numbers, tags), which makes a new tool set's compile faster
+    (docs/architecture.md, "Measurements behind the code").
     xgrammar counts about a third of what its cache keeps resident, so it is given a quarter; 0
     turns it off."""
     max_call_whitespace: int = 1
     """Whitespace characters allowed in each gap between two JSON tokens inside a call (and around
     the call's JSON). One covers compact and ``json.dumps`` style; xgrammar's masks inside calls
-    cost about 4x more with 4 (benchmarks/results/compile-whitespace4.json)."""
+    cost more with more (docs/architecture.md, "Measurements behind the code")."""
     compose_min_tools: int = 64
     """Tool count from which the xgrammar engine composes a turn (a shared head grammar, the
     names checked outside xgrammar, each tool's grammar compiled when called) rather than

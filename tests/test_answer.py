@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from support.soundness import tool
 
 from hermes_vllm.constraint import constraint_args, decode_constraint, parse_constraint
 from hermes_vllm.grammar import ToolGrammarCompiler
@@ -18,7 +19,6 @@ from hermes_vllm.grammar.engines import get_engine_class
 from hermes_vllm.processor.core import ConstraintCore, validate_request
 from hermes_vllm.settings import get_limits
 from hermes_vllm.testing.adversary import SAMPLERS, Scenario, run
-from hermes_vllm.testing.soundness import tool
 
 ADD = tool({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}, "add")
 ANSWER = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hermes_vllm.testing.bfcl_judge import ParsedCall, calls_from_text, exact_arguments, judge
+from support.bfcl_judge import ParsedCall, calls_from_text, exact_arguments, judge
 
 SCHEMAS: dict[str, Any] = {
     "area": {

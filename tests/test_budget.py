@@ -18,6 +18,7 @@ import jsonschema
 import numpy as np
 import pytest
 import torch
+from support.corpus import sample_tool_sets
 
 from hermes_vllm import constraint_args
 from hermes_vllm.budget import MARK, CallCompleter, Speller
@@ -26,7 +27,6 @@ from hermes_vllm.grammar.cache import GrammarCache
 from hermes_vllm.grammar.engines.base import allocate_bitmask
 from hermes_vllm.processor.core import ConstraintCore
 from hermes_vllm.spans import split_spans
-from hermes_vllm.testing.corpus import sample_tool_sets
 
 TOOL = {
     "type": "function",
@@ -278,11 +278,11 @@ def test_required_and_named_replies_always_hold_a_valid_call(tiny_model: Path, t
     max_tokens just above the reserve, and 20 above it with no bias at all, every reply holds a
     valid call (strings under a ``pattern`` too) and says ``"length"`` where the budget closed
     it, and a reasoning budget given through vllm_xargs caps the turn's spans."""
+    from support.budget_scenarios import reserve
+    from support.offline import offline_llm
     from vllm import SamplingParams
 
     from hermes_vllm.parsers.dialects import HermesReasoningParser
-    from hermes_vllm.testing.budget_scenarios import reserve
-    from hermes_vllm.testing.engine import offline_llm
 
     llm = offline_llm(tiny_model)
     reasoning = HermesReasoningParser(tokenizer)
@@ -321,10 +321,10 @@ def test_required_and_named_replies_always_hold_a_valid_call(tiny_model: Path, t
 
 @pytest.mark.engine
 def test_auto_with_the_close_policy_returns_only_valid_marked_calls(tiny_model: Path, tokenizer: Any) -> None:
+    from support.offline import offline_llm
     from vllm import SamplingParams
 
-    from hermes_vllm.testing.bias import call_bias
-    from hermes_vllm.testing.engine import offline_llm
+    from hermes_vllm.demo.bias import call_bias
 
     llm = offline_llm(tiny_model)
     sets = sample_tool_sets(8)
@@ -496,10 +496,9 @@ def test_budget_closed_calls_keep_their_whole_mark_through_preemption(
     """A KV cache of 16 blocks for 64 requests: vLLM preempts rows and resumes them (its counter
     says how often); a resumed row the budget was closing still writes the whole completion and
     its mark. ``max_tokens`` just above the reserve, so most of each reply is forced."""
+    from support.budget_scenarios import reserve
+    from support.offline import offline_llm
     from vllm import SamplingParams
-
-    from hermes_vllm.testing.budget_scenarios import reserve
-    from hermes_vllm.testing.engine import offline_llm
 
     llm = offline_llm(
         tiny_model, kv_cache_memory_bytes=1 << 20, block_size=32, max_model_len=256, max_num_seqs=64,
@@ -539,10 +538,9 @@ def test_the_offline_llm_reports_a_call_the_budget_closed_as_length(tiny_model: 
     """``vllm.LLM.generate`` runs the offline engine, not ``AsyncLLM``: a reply holding a call the
     budget closed says ``"length"`` there too, even where the model ended its turn right after
     the mark (a push toward the end of turn, which the grammar allows only after the call)."""
+    from support.budget_scenarios import end_bias, reserve
+    from support.offline import offline_llm
     from vllm import SamplingParams
-
-    from hermes_vllm.testing.budget_scenarios import end_bias, reserve
-    from hermes_vllm.testing.engine import offline_llm
 
     llm = offline_llm(tiny_model)
     args = constraint_args([TOOL], "required")

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from support.corpus import UNSATISFIABLE_BFCL_TOOL, bfcl_functions
+
 from hermes_vllm.budget import CallCompleter, Speller
+from hermes_vllm.demo.bfcl import as_openai_tool
 from hermes_vllm.dialect import get_dialect
 from hermes_vllm.schema import normalize_tool
-from hermes_vllm.testing.corpus import UNSATISFIABLE_BFCL_TOOL, as_openai_tool, bfcl_functions
 
 DIALECT = get_dialect("hermes")
 TOOLS = 12

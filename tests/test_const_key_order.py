@@ -13,11 +13,11 @@ import json
 from typing import Any
 
 import pytest
+from support.corpus import load_suite_file, suite_files
+from support.soundness import call_text, tool
 
 from hermes_vllm.grammar import ToolGrammarCompiler
 from hermes_vllm.schema import ANY_ORDER_KEYS, normalize_tool
-from hermes_vllm.testing.corpus import load_suite_file, suite_files
-from hermes_vllm.testing.soundness import call_text, tool
 
 ENGINES = ("xgrammar", "llguidance")
 

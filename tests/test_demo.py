@@ -73,7 +73,7 @@ def test_the_demo_prints_the_side_by_side_table_and_one_reply_per_server(
 
 
 def test_the_trained_model_is_asked_held_out_items_of_several_categories_both_ways() -> None:
-    from hermes_vllm.testing.trained_model import held_out_items
+    from hermes_vllm.demo.trained_model import held_out_items
 
     batch = demo.held_out_requests(8)
     held = {json.dumps(i.messages) for i in held_out_items()}

@@ -1,5 +1,5 @@
 """Schemas clients generate (issue 28, items 3 and 4): pydantic models, their ``allOf`` form and
-the openai SDK's strict form (:mod:`hermes_vllm.testing.generated_schemas`).
+the openai SDK's strict form (:mod:`support.generated_schemas`).
 
 The call completer builds a shortest call for each that the client's own model accepts; each
 compiles on every engine but for the keywords an engine refuses by name; a seeded worst-case
@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 import pytest
+from support.generated_schemas import FORMS, MODELS, GeneratedTool, generated_tools
 
 from hermes_vllm import constraint_args
 from hermes_vllm.budget import CallCompleter
@@ -25,7 +26,6 @@ from hermes_vllm.processor.core import ConstraintCore
 from hermes_vllm.schema import normalize_tool
 from hermes_vllm.spans import split_spans
 from hermes_vllm.testing.adversary import SAMPLERS, Scenario, run
-from hermes_vllm.testing.generated_schemas import FORMS, MODELS, GeneratedTool, generated_tools
 
 HERMES = get_dialect("hermes")
 TOOLS = generated_tools()

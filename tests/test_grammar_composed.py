@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from support.soundness import distinct_tools
 
 from hermes_vllm.grammar import ToolGrammarCompiler
 from hermes_vllm.grammar.cache import GrammarCache
@@ -23,7 +24,6 @@ from hermes_vllm.grammar.engines.xgrammar import XGrammarGrammar
 from hermes_vllm.processor.core import ConstraintCore
 from hermes_vllm.settings import get_limits
 from hermes_vllm.testing.adversary import Scenario, run
-from hermes_vllm.testing.soundness import distinct_tools
 
 TOOLS = get_limits().compose_min_tools
 

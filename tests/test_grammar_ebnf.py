@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 import xgrammar as xgr
+from support.corpus import bfcl_files, load_bfcl
+from support.soundness import call_text, ground_truth_arguments, tool
 
 from hermes_vllm.grammar import ToolGrammarCompiler
 from hermes_vllm.grammar.engines import ebnf as ebnf_module
@@ -16,8 +18,6 @@ from hermes_vllm.grammar.engines import xgrammar as xgrammar_engine
 from hermes_vllm.grammar.engines.base import allocate_bitmask
 from hermes_vllm.grammar.engines.ebnf import fold_gaps, merge_equal_rules, rename, split_rules
 from hermes_vllm.grammar.engines.xgrammar import turn_ebnf
-from hermes_vllm.testing.corpus import bfcl_files, load_bfcl
-from hermes_vllm.testing.soundness import call_text, ground_truth_arguments, tool
 
 
 def _strings_tool(name: str, keys: str) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.soundness import tool
 
 from hermes_vllm.grammar import ToolGrammarCompiler, ToolSchemaError
 from hermes_vllm.grammar.compiler import GrammarCompileError
@@ -29,7 +30,6 @@ from hermes_vllm.grammar.engines.outlines import END, MAX_ITEMS_BOUND, OutlinesE
 from hermes_vllm.grammar.turn import turn_spec
 from hermes_vllm.schema import CONSTRAINING, normalize_tools
 from hermes_vllm.settings import Limits
-from hermes_vllm.testing.soundness import tool
 
 ENGINE_NAMES = tuple(ENGINES)
 GET = {

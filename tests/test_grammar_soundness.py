@@ -16,6 +16,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
+from support.corpus import bfcl_files, suite_files
+from support.soundness import (
+    PROBES,
+    call_text,
+    check_bfcl_file,
+    check_group,
+    check_suite_file,
+    embed_as_value,
+    ground_truth_arguments,
+    probe_groups,
+    tool,
+)
 
 from hermes_vllm.grammar import ToolGrammarCompiler, ToolSchemaError
 from hermes_vllm.grammar.engines.xgrammar import XGRAMMAR_KEYWORDS
@@ -26,18 +38,6 @@ from hermes_vllm.schema import (
     make_explicit,
     normalize_tool,
     search_as_full_match,
-)
-from hermes_vllm.testing.corpus import bfcl_files, suite_files
-from hermes_vllm.testing.soundness import (
-    PROBES,
-    call_text,
-    check_bfcl_file,
-    check_group,
-    check_suite_file,
-    embed_as_value,
-    ground_truth_arguments,
-    probe_groups,
-    tool,
 )
 
 # xgrammar 0.2.8 admits no escape sequence inside a length- or pattern-bound string, so values

@@ -11,12 +11,12 @@ import itertools
 from typing import Any
 
 import pytest
+from support.soundness import call_text, tool
 
 from hermes_vllm.grammar import ToolGrammarCompiler
 from hermes_vllm.schema import normalize_tool
 from hermes_vllm.schema.rewrite import ANY_ORDER_ARGUMENTS
 from hermes_vllm.settings import Limits
-from hermes_vllm.testing.soundness import call_text, tool
 
 PARAMS = {
     "type": "object",

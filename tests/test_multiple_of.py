@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 import pytest
 from pydantic import BaseModel, Field
+from support.soundness import tool
 
 from hermes_vllm import constraint_args
 from hermes_vllm.dialect import get_dialect
@@ -21,7 +22,6 @@ from hermes_vllm.processor.core import ConstraintCore
 from hermes_vllm.schema import normalize_tool
 from hermes_vllm.spans import split_spans
 from hermes_vllm.testing.adversary import SAMPLERS, Scenario, run
-from hermes_vllm.testing.soundness import tool
 
 
 class Order(BaseModel):

@@ -8,8 +8,7 @@ import subprocess
 import sys
 
 import pytest
-
-from hermes_vllm.testing.overlay import ORJSON_NEEDED, OVERLAY_ENV, VLLM_WHEELS, overlay_env, vllm_overlay
+from support.overlay import ORJSON_NEEDED, OVERLAY_ENV, VLLM_WHEELS, overlay_env, vllm_overlay
 
 PROBE = """
 import json, orjson, vllm

@@ -87,7 +87,7 @@ def run_fresh(script: str) -> dict[str, Any]:
 SPECULATIVE = """
 import json
 from hermes_vllm import constraint_args
-from hermes_vllm.testing.engine import offline_llm
+from support.offline import offline_llm
 from vllm import SamplingParams
 from vllm.v1.structured_output import StructuredOutputManager
 # A vLLM without the method the speculative path wraps (requests without a grammar never call it).

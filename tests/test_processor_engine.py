@@ -15,9 +15,9 @@ import jsonschema
 import pytest
 
 from hermes_vllm import constraint_args, get_dialect
+from hermes_vllm.demo.bias import call_bias
 from hermes_vllm.schema import normalize_tool
 from hermes_vllm.spans import split_spans
-from hermes_vllm.testing.bias import call_bias
 
 pytestmark = pytest.mark.engine
 
@@ -26,14 +26,14 @@ PROMPT = "<|im_start|>system\nYou call tools.<|im_end|>\n<|im_start|>user\nPleas
 
 @pytest.fixture(scope="module")
 def llm(tiny_model: Path) -> Any:
-    from hermes_vllm.testing.engine import offline_llm
+    from support.offline import offline_llm
 
     return offline_llm(tiny_model)
 
 
 def bfcl_tool_sets(count: int) -> list[list[dict[str, Any]]]:
     """``count`` tool sets spread over the multi-tool BFCL files."""
-    from hermes_vllm.testing.corpus import bfcl_files, load_bfcl
+    from support.corpus import bfcl_files, load_bfcl
 
     files = [f for f in bfcl_files() if "multiple" in f.name]
     sets = [case.tools for path in files for case in load_bfcl(path)]
@@ -162,7 +162,7 @@ def chat_prompt(
 
 @pytest.fixture(scope="module")
 def llm_llama31(tiny_model_llama31: Path) -> Any:
-    from hermes_vllm.testing.engine import offline_llm
+    from support.offline import offline_llm
 
     return offline_llm(tiny_model_llama31)
 
@@ -218,7 +218,7 @@ def test_special_tags_without_skip_special_tokens_false_are_refused(llm_llama31:
 def llm_qwen3(tiny_model_qwen3: Path) -> Any:
     """Module-scoped like the others: an engine freed mid-module tears down the process-wide
     parallel state the engines still alive need."""
-    from hermes_vllm.testing.engine import offline_llm
+    from support.offline import offline_llm
 
     return offline_llm(tiny_model_qwen3)
 

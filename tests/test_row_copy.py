@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from support.budget_scenarios import WEATHER
 
 from hermes_vllm import constraint_args
 from hermes_vllm.budget import AnswerCompleter, CallCompleter, Speller, TurnBudget
@@ -25,7 +26,6 @@ from hermes_vllm.grammar.compiler import ToolCallMatcher
 from hermes_vllm.processor.core import ConstraintCore, RowState
 from hermes_vllm.processor.hosted import HostedGrammar, RowHost
 from hermes_vllm.spans import TextFollower, read_tail
-from hermes_vllm.testing.budget_scenarios import WEATHER
 
 TURN = '<think>let me see</think>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "'
 

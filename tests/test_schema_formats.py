@@ -21,6 +21,8 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 from pydantic import AnyUrl, BaseModel, EmailStr, HttpUrl, TypeAdapter
+from support.corpus import load_suite_file, suite_dir
+from support.soundness import tool
 
 from hermes_vllm import constraint_args
 from hermes_vllm.budget import CallCompleter
@@ -32,8 +34,6 @@ from hermes_vllm.schema.formats import FORMAT_PATTERNS, RAW_SAFE_PATTERNS
 from hermes_vllm.schema.regex import literal_characters
 from hermes_vllm.spans import split_spans
 from hermes_vllm.testing.adversary import SAMPLERS, Scenario, run
-from hermes_vllm.testing.corpus import SUITE_DRAFT, corpus_dir, load_suite_file
-from hermes_vllm.testing.soundness import tool
 
 ENFORCED = ("date-time", "date", "time", "duration", "email", "hostname", "ipv4", "ipv6", "uuid", "uri")
 """OpenAI strict mode's formats and ``uri``: the ones the issue asks for, each with a suite file."""
@@ -64,18 +64,10 @@ HERMES = get_dialect("hermes")
 
 def suite_cases(name: str) -> list[tuple[str, bool]]:
     """The string instances of one ``optional/format`` file, with their labels."""
-    path = (
-        corpus_dir()
-        / "json-schema-test-suite"
-        / "tests"
-        / SUITE_DRAFT
-        / "optional"
-        / "format"
-        / f"{name}.json"
-    )
+    path = suite_dir() / "optional" / "format" / f"{name}.json"
     return [
         (test["data"], test["valid"])
-        for group in load_suite_file(Path(path))
+        for group in load_suite_file(path)
         for test in group["tests"]
         if isinstance(test["data"], str)
     ]

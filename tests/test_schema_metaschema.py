@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
+from support.corpus import bfcl_functions, load_suite_file, suite_files
 
 from hermes_vllm.schema import ToolSchemaError, bfcl_to_json_schema, normalize_tool
 from hermes_vllm.schema.metaschema import passes_metaschema
-from hermes_vllm.testing.corpus import bfcl_functions, load_suite_file, suite_files
 
 
 def _valid(schema: Any) -> bool:

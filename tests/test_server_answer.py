@@ -26,16 +26,17 @@ from typing import Any
 import jsonschema
 import pytest
 from openai import AsyncOpenAI
+from support.budget_scenarios import Case, ask, valid_calls
+from support.readings import Reply
 
 from hermes_vllm.budget import MARK
 from hermes_vllm.constraint import BUDGET_KEY
+from hermes_vllm.demo.bias import call_bias
+from hermes_vllm.demo.server import CPU_ARGS, CPU_ENV, openai_server
 from hermes_vllm.dialect import get_dialect
 from hermes_vllm.formats.chat_template import chat_template
 from hermes_vllm.formats.token_check import reserve_tokens
 from hermes_vllm.testing import tiny_model_path
-from hermes_vllm.testing.bias import call_bias
-from hermes_vllm.testing.budget_scenarios import Case, ask, valid_calls
-from hermes_vllm.testing.server import CPU_ARGS, CPU_ENV, Reply, openai_server
 
 pytestmark = pytest.mark.server
 

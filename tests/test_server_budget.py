@@ -2,7 +2,7 @@
 
 The server runs with the documented flags (``--tool-call-parser hermes_vllm --reasoning-parser
 hermes_vllm``), the random tiny model at temperature 1, a bias toward ``"``, ``}`` and ``]`` only
-(:mod:`hermes_vllm.testing.budget_scenarios`): nothing pushes the model toward the call tag, so
+(:mod:`support.budget_scenarios`): nothing pushes the model toward the call tag, so
 it wanders into ``<think>`` spans, and only the budget gets the call written in time. vLLM's own
 thinking budget is on for the requests that send ``thinking_token_budget`` (the reasoning parser
 switches it on), so those replies also show that its forcing and ours agree: the server log must
@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import budget_scenarios
+from support.budget_scenarios import CLOSED_THEN_ENDED, WEATHER, Case, ask, reserve
 
-from hermes_vllm.testing import budget_scenarios, tiny_model_path
-from hermes_vllm.testing.budget_scenarios import CLOSED_THEN_ENDED, WEATHER, Case, ask, reserve
-from hermes_vllm.testing.server import CPU_ARGS, CPU_ENV, openai_server
+from hermes_vllm.demo.server import CPU_ARGS, CPU_ENV, openai_server
+from hermes_vllm.testing import tiny_model_path
 
 pytestmark = pytest.mark.server
 

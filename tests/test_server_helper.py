@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hermes_vllm.testing.server import CPU_ARGS, CPU_ENV, ServerError, free_port, openai_server
+from hermes_vllm.demo.server import CPU_ARGS, CPU_ENV, ServerError, free_port, openai_server
 
 
 @pytest.mark.server

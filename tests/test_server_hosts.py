@@ -19,6 +19,7 @@ from pathlib import Path
 import jsonschema
 import openai
 import pytest
+from support.readings import Reply
 from test_server_openai import (
     NAME_OF,
     SCHEMAS,
@@ -30,11 +31,11 @@ from test_server_openai import (
     serving,
 )
 
+from hermes_vllm.demo.bias import call_bias
+from hermes_vllm.demo.server import CPU_ARGS, CPU_ENV, openai_server
 from hermes_vllm.dialect import get_dialect
 from hermes_vllm.formats.chat_template import chat_template
 from hermes_vllm.testing import tiny_model_path
-from hermes_vllm.testing.bias import call_bias
-from hermes_vllm.testing.server import CPU_ARGS, CPU_ENV, Reply, openai_server
 
 pytestmark = pytest.mark.server
 
@@ -121,11 +122,11 @@ def test_tool_choice_none_is_constrained_without_a_reasoning_parser(
 def two_hosts(tmp: Path, engine_flags: list[str]) -> Iterator[Served]:
     """A frontend with no engine of its own (``--data-parallel-size-local 0``) and a ``--headless``
     engine, each with its own temp dir and handshake directory, as on two hosts (on loopback)."""
+    from support.headless import headless_engine
     from transformers import AutoTokenizer
 
+    from hermes_vllm.demo.server import free_port
     from hermes_vllm.processor.handshake import ENV
-    from hermes_vllm.testing.headless import headless_engine
-    from hermes_vllm.testing.server import free_port
 
     d = get_dialect("hermes")
     model = tiny_model_path(SETUPS[d.name][1])

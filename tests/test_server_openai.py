@@ -28,7 +28,10 @@ import jsonschema
 import openai
 import pytest
 from openai import AsyncOpenAI
+from support.readings import Reply
 
+from hermes_vllm.demo.bias import call_bias
+from hermes_vllm.demo.server import CPU_ARGS, CPU_ENV, openai_server
 from hermes_vllm.dialect import Dialect, available_dialects, get_dialect
 from hermes_vllm.formats.chat_template import chat_template
 from hermes_vllm.formats.escape import escaped_strings
@@ -37,8 +40,6 @@ from hermes_vllm.formats.token_check import control_tokens, reserve_tokens
 from hermes_vllm.parsers import PARSERS
 from hermes_vllm.spans import split_spans
 from hermes_vllm.testing import tiny_model_path
-from hermes_vllm.testing.bias import call_bias
-from hermes_vllm.testing.server import CPU_ARGS, CPU_ENV, Reply, openai_server
 from hermes_vllm.testing.tiny_model import TokenizerName
 
 pytestmark = pytest.mark.server

@@ -21,9 +21,9 @@ import jsonschema
 import pytest
 from openai import AsyncOpenAI
 
+from hermes_vllm.demo.bias import call_bias
+from hermes_vllm.demo.server import CPU_ARGS, CPU_ENV, openai_server
 from hermes_vllm.testing import tiny_model_path
-from hermes_vllm.testing.bias import call_bias
-from hermes_vllm.testing.server import CPU_ARGS, CPU_ENV, openai_server
 
 pytestmark = pytest.mark.server
 

@@ -1,6 +1,6 @@
 """Constrained tool calls over HTTP with ngram speculative decoding, driven by the ``openai`` client.
 
-The budget scenarios of :mod:`hermes_vllm.testing.budget_scenarios` (``required``, named, ``auto``,
+The budget scenarios of :mod:`support.budget_scenarios` (``required``, named, ``auto``,
 tight and roomy ``max_tokens``, ``thinking_token_budget``, a stop string; streamed and whole) are
 sent without their logit bias, which vLLM refuses under speculative decoding: nothing pushes the
 random model toward a call or its end, only the budgets do.
@@ -18,13 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import budget_scenarios
+from support.budget_scenarios import WEATHER, Case, ask
+from support.drafts import COPYABLE_PROMPT, NGRAM
 
 from hermes_vllm import constraint_args
+from hermes_vllm.demo.server import CPU_ARGS, CPU_ENV, openai_server
 from hermes_vllm.spans import split_spans
-from hermes_vllm.testing import budget_scenarios, tiny_model_path
-from hermes_vllm.testing.budget_scenarios import WEATHER, Case, ask
-from hermes_vllm.testing.drafts import COPYABLE_PROMPT, NGRAM
-from hermes_vllm.testing.server import CPU_ARGS, CPU_ENV, openai_server
+from hermes_vllm.testing import tiny_model_path
 
 pytestmark = pytest.mark.server
 

@@ -20,12 +20,13 @@ from typing import Any
 
 import jsonschema
 import pytest
+from support.budget_scenarios import Case, ask, closers
+from support.corpus import UNSATISFIABLE_BFCL_TOOL, agent_tool_set
+from support.readings import Reply
 
+from hermes_vllm.demo.bias import call_bias
+from hermes_vllm.demo.server import CPU_ARGS, CPU_ENV, openai_server
 from hermes_vllm.testing import tiny_model_path
-from hermes_vllm.testing.bias import call_bias
-from hermes_vllm.testing.budget_scenarios import Case, ask, closers
-from hermes_vllm.testing.corpus import UNSATISFIABLE_BFCL_TOOL, agent_tool_set
-from hermes_vllm.testing.server import CPU_ARGS, CPU_ENV, Reply, openai_server
 
 pytestmark = pytest.mark.server
 

@@ -19,15 +19,15 @@ from typing import Any
 import jsonschema
 import pytest
 import torch
+from support.budget_scenarios import WEATHER as TOOL
+from support.drafts import COPYABLE_PROMPT as PROMPT
+from support.drafts import NGRAM
 
 from hermes_vllm import constraint_args
 from hermes_vllm.grammar.engines.base import token_allowed
 from hermes_vllm.processor import handshake, speculative
 from hermes_vllm.processor.core import ConstraintCore
 from hermes_vllm.spans import split_spans
-from hermes_vllm.testing.budget_scenarios import WEATHER as TOOL
-from hermes_vllm.testing.drafts import COPYABLE_PROMPT as PROMPT
-from hermes_vllm.testing.drafts import NGRAM
 
 CITY = TOOL["function"]["parameters"]
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
@@ -63,7 +63,7 @@ def counter(llm: Any, name: str) -> int:
 def runs(tiny_model: Path) -> dict[str, Any]:
     """The same greedy requests without drafts, then with ngram drafts (engines built one after
     the other: the frontend routes constrained requests by the engines announced in this process)."""
-    from hermes_vllm.testing.engine import offline_llm
+    from support.offline import offline_llm
 
     plain = offline_llm(tiny_model)
     reference = generate(plain)

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from hermes_vllm.demo import trained_model as tm
 from hermes_vllm.dialect import get_dialect
 from hermes_vllm.parsers.span_stream import SpanStream
-from hermes_vllm.testing import trained_model as tm
 from hermes_vllm.testing.tiny_model import load_tokenizer
 
 

@@ -15,23 +15,23 @@ from typing import Any
 
 import pytest
 from jsonschema import Draft202012Validator
+from support.corpus import (
+    UNSATISFIABLE_BFCL_TOOL,
+    agent_tool_set,
+    bfcl_functions,
+    load_suite_file,
+    suite_files,
+)
 
 from hermes_vllm import constraint_args
 from hermes_vllm.budget import CallCompleter
 from hermes_vllm.constraint import parse_constraint
+from hermes_vllm.demo.bfcl import as_openai_tool
 from hermes_vllm.dialect import get_dialect
 from hermes_vllm.grammar import ToolGrammarCompiler, ToolSchemaError
 from hermes_vllm.processor.core import prepared_turn, validate_request
 from hermes_vllm.schema import UnsatisfiableToolError, contradiction, normalize_tool, read_tools
 from hermes_vllm.settings import get_limits
-from hermes_vllm.testing.corpus import (
-    UNSATISFIABLE_BFCL_TOOL,
-    agent_tool_set,
-    as_openai_tool,
-    bfcl_functions,
-    load_suite_file,
-    suite_files,
-)
 
 
 def tool(params: Any, name: str = "t") -> dict[str, Any]:

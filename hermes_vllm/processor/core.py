@@ -62,8 +62,8 @@ logger = logging.getLogger(__name__)
 BATCH_FILL_MIN = 8
 # A paused row whose mask bans at most this many tokens (a reasoning span before a required call
 # bans the stop tokens and a few tokens that end the span wrongly) has those logits set to -inf
-# directly on the CPU: a few microseconds, where the bitmask kernel reads the whole vocabulary
-# (~70 us a row at 131k).
+# directly on the CPU, where the bitmask kernel reads the whole vocabulary (its cost a row:
+# benchmarks/README.md, "Processor per step").
 SPARSE_BANS_MAX = 1024
 
 

@@ -1,9 +1,9 @@
 """A fast screen in front of jsonschema's 2020-12 metaschema check: the keywords tools use.
 
-``Draft202012Validator.check_schema`` costs ~1 ms a tool on a quiet core (6-7 ms under load):
-the 2020-12 metaschema is eight documents joined by ``$dynamicRef``, and jsonschema resolves a
-reference (URL joins, registry look-ups) at nearly every subschema. A cold 400-tool request
-spent 0.45-3.6 s there, more than the rest of its preparation. This screen walks a schema once
+``Draft202012Validator.check_schema`` is slow: the 2020-12 metaschema is eight documents joined
+by ``$dynamicRef``, and jsonschema resolves a reference (URL joins, registry look-ups) at nearly
+every subschema, so a cold many-tool request spent more there than on the rest of its preparation
+(docs/architecture.md, "Measurements behind the code"). This screen walks a schema once
 and checks, in plain Python, what the metaschema asks of each keyword that tools use (types,
 bounds, ``required``, ``enum``, ``pattern`` as a regex, the subschema positions, recursively).
 

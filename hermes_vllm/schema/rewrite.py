@@ -496,8 +496,8 @@ ANY_ORDER_KEYS = 3
 
 JSON object equality ignores key order, but engines write an object's properties in declared
 order, so each order is a branch of an ``anyOf``: 3 keys make 6. Orders grow factorially (4 keys
-make 24, 8 make 40,320; measured on xgrammar, 32k: a 3-key const compiles in about the time of its
-declared order alone, a 4-key one 3.5x slower into 4x the grammar), so a bigger object admits its
+make 24, 8 make 40,320; on xgrammar a 4-key object already compiles several times slower than its
+declared order alone (docs/architecture.md, "Measurements behind the code")), so a bigger object admits its
 declared order only, as every object does under our policy (README, "Policy inside calls")."""
 
 STRUCTURE_SCHEMAS = 2_000
@@ -653,7 +653,8 @@ ANNOTATIONS = frozenset(
 def _drop_annotations(schema: JSON) -> None:
     """Annotations make equal subschemas distinct to an engine, which then compiles each apart.
 
-    Dropped, a 37-tool BFCL set compiles ~30% faster into a ~30% smaller xgrammar grammar.
+    Dropped, a tool set compiles faster into a smaller xgrammar grammar (docs/architecture.md,
+    "Measurements behind the code").
     Kept where a ``$ref`` points into one (legal, if odd), so that every reference still resolves.
     """
     refs = [sub["$ref"] for _, sub in iter_subschemas(schema) if isinstance(sub.get("$ref"), str)]

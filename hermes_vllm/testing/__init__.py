@@ -1,4 +1,6 @@
-"""Test support shipped with the package: the tiny-model builder and shared fixtures' helpers."""
+"""The public test tools, shipped with the package: the worst-case samplers and the runner drivers
+they play through (:mod:`.adversary`, :mod:`.v2_runner`, :mod:`.engine`), and the tiny-model builder
+(:mod:`.tiny_model`, on the registry tokenizers of :mod:`.registry_tokenizers`) with its cache."""
 
 from __future__ import annotations
 

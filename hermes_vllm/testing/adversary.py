@@ -51,7 +51,6 @@ from hermes_vllm.dialect import Dialect
 from hermes_vllm.processor.core import ConstraintCore, RowState
 from hermes_vllm.schema import normalize_tools
 from hermes_vllm.spans import Tail, read_tail, split_spans
-from hermes_vllm.testing.budget_scenarios import span_token_counts
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -558,3 +557,19 @@ def _judge(
             continue
         outcome.calls += 1
     outcome.spans = span_token_counts(token_ids, tokenizer)
+
+
+def span_token_counts(token_ids: Sequence[int], tokenizer: Any) -> list[int]:
+    """Tokens inside each ``<think>`` span, counted between the tags' own tokens."""
+    begin, end = tokenizer.convert_tokens_to_ids(["<think>", "</think>"])
+    counts: list[int] = []
+    inside = False
+    for token in token_ids:
+        if token == begin and not inside:
+            inside = True
+            counts.append(0)
+        elif token == end and inside:
+            inside = False
+        elif inside:
+            counts[-1] += 1
+    return counts

@@ -1,4 +1,4 @@
-"""An offline vLLM engine on the tiny model with the fast, quiet CPU settings tests use."""
+"""vLLM's engine config on the tiny model with the fast, quiet CPU settings, for the runner drivers."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-# Measured here: single-threaded, in-process, eager float32 starts in ~3 s on the tiny model.
+# Single-threaded, in-process, eager float32: the quickest start on the tiny model.
 CPU_ENV = {
     "OMP_NUM_THREADS": "1",
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
@@ -16,26 +16,8 @@ CPU_ENV = {
 }
 
 
-def offline_llm(model: Path | str, **overrides: Any) -> Any:
-    """``vllm.LLM`` on ``model`` with a 64 MiB KV cache; ``overrides`` go to ``LLM(...)``."""
-    for key, value in CPU_ENV.items():
-        os.environ.setdefault(key, value)
-    from vllm import LLM
-
-    kwargs: dict[str, Any] = {
-        "dtype": "float32",
-        "enforce_eager": True,
-        "kv_cache_memory_bytes": 64 << 20,
-        "distributed_executor_backend": "uni",
-        "max_model_len": 2048,
-        "seed": 0,
-    }
-    kwargs.update(overrides)
-    return LLM(model=str(model), **kwargs)
-
-
 def engine_config(model: Path | str) -> Any:
-    """vLLM's engine config for ``model`` with the same small settings, as the runner adapters
+    """vLLM's engine config for ``model`` (float32, eager, a 64 MiB KV cache), as the runner adapters
     are built from it (tests and ``benchmarks/v2_slots.py`` drive the adapters without an engine)."""
     for key, value in CPU_ENV.items():
         os.environ.setdefault(key, value)

@@ -111,7 +111,7 @@ def pin_silent_channel(model: Any) -> None:
     norms' weight there is 0; none writes it: its rows of ``o_proj`` and ``down_proj`` are 0), so
     after the final norm it is positive at every position; no head row reads it (column 0 is 0)
     until :func:`silence_rows` gives some rows a large negative weight on it. Training calls this
-    after every step to keep the channel as it is (:mod:`hermes_vllm.testing.trained_model`).
+    after every step to keep the channel as it is (:mod:`hermes_vllm.demo.trained_model`).
     """
     import torch
 

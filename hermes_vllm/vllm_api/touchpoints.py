@@ -378,11 +378,10 @@ TOOL_CALL_ID = _point(
     "the parsers do not import",
 )
 
-# What the test bench runs (testing/): servers, engines, the headless engine.
+# What the demo and the public test tools run: the demo's servers, the runner drivers' config.
 SERVER = _point(
-    "vllm.entrypoints.openai.api_server:", "run", "testing/server.py", "the test servers do not start"
+    "vllm.entrypoints.openai.api_server:", "run", "demo/server.py", "the demo's servers do not start"
 )
-LLM = _point("vllm:LLM", "call", "testing/engine.py", "the test engines do not start")
 ENGINE_ARGS = _point(
     "vllm.engine.arg_utils:EngineArgs.create_engine_config",
     "call",
@@ -394,31 +393,6 @@ TRITON_FLAG = _point(
     "patch",
     "testing/engine.py",
     "nothing to sidestep: a release without it does not ask for Triton",
-)
-HEADLESS = tuple(
-    _point(
-        target, "call", "testing/headless.py", "the headless engine of the multi-host tests does not start"
-    )
-    for target in (
-        "vllm.entrypoints.cli.serve:run_headless",
-        "vllm.utils.argparse_utils:FlexibleArgumentParser",
-    )
-)
-HEADLESS_ARGS = (
-    _point(
-        "vllm.entrypoints.launchers.cli_args:make_arg_parser",
-        "call",
-        "testing/headless.py",
-        "the parser is taken from vllm.entrypoints.common.cli_args",
-        releases=("0.32",),
-    ),
-    _point(
-        "vllm.entrypoints.common.cli_args:make_arg_parser",
-        "call",
-        "testing/headless.py",
-        "the parser is taken from vllm.entrypoints.launchers.cli_args",
-        releases=("0.33", "0.34"),
-    ),
 )
 VERSION = _point("vllm:__version__", "type", "vllm_api/release.py", "the release is not checked")
 
@@ -432,8 +406,8 @@ TOUCH_POINTS: tuple[TouchPoint, ...] = (
     TOOL_PARSER, REASONING_PARSER, REASONING_END, *REASONING_END_MEMBERS, TOOL_PARSERS, REASONING_PARSERS,
     GET_PARSER, CHAT_FULL, OFFLINE_ADD,
     OFFLINE_STEP, RESPONSES_TOOLS, *PROTOCOL, CHAT_REQUEST, RESPONSES_REQUEST, TOOL_CALL_ID,
-    SERVER, LLM, ENGINE_ARGS, TRITON_FLAG, *HEADLESS, *HEADLESS_ARGS, VERSION,
+    SERVER, ENGINE_ARGS, TRITON_FLAG, VERSION,
 )
 # fmt: on
 """Every touch point, in the data flow's order: the engine's processor, the engine, speculative
-decoding, the server's parsers, then the test bench."""
+decoding, the server's parsers, then the demo and the public test tools."""

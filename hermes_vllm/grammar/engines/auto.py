@@ -1,19 +1,18 @@
 """The default engine: xgrammar, with llguidance for the turns xgrammar handles badly.
 
-xgrammar has the fastest masks, but, measured here (xgrammar 0.2.8):
+xgrammar has the fastest masks, but (xgrammar 0.2.8; the compile times in docs/architecture.md,
+"Engines"):
 
-- it precomputes masks for every position of a length-bounded string: on the 131k vocabulary one
-  ``maxLength: 16`` costs 0.7 s of compile, 32 costs 1.2 s and 100 costs 5.2 s, against 0.07 s
-  without the bound (llguidance: 6-7 ms for each);
+- it precomputes masks for every position of a length-bounded string, so its compile grows with
+  the bound (seconds on a 131k vocabulary; llguidance's stays in milliseconds);
 - a string with ``minLength``, ``maxLength`` or ``pattern`` admits no JSON escape, so a valid value
   holding a quote, a backslash or a newline cannot be written (tests/test_grammar_soundness.py);
 - it cannot enforce some keywords llguidance can (``patternProperties``, an ``allOf`` or ``oneOf``
   the schema rewrites cannot turn into something simpler);
 - its pattern for an e-mail address leaves quoted local parts out (``"joe bloggs"@example.com``:
   see :data:`hermes_vllm.schema.formats.RAW_SAFE_PATTERNS`), and the patterns with long counted
-  repeats compile slowly for the same reason as a length bound: on the 131k vocabulary a
-  ``hostname`` (labels of up to 63 characters) takes 1.5 s and a ``uri`` 0.17 s, against 0.01 s
-  on llguidance; the other formats take 0.01-0.03 s on either.
+  repeats compile slowly for the same reason as a length bound (a ``hostname``, labels of up to
+  63 characters, and a ``uri``; the other formats compile as fast on either).
 
 A turn whose tools hold one of these is compiled by llguidance, every other turn by xgrammar.
 Both accept the same turn language, so a batch may mix them.

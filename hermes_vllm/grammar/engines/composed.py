@@ -171,7 +171,7 @@ class ComposedGrammar(EngineGrammar):
         self._crossings: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
         self._tool_starts: dict[int, xgr.GrammarMatcher] = {}
         self.words = (vocab.vocab_size + 31) // 32
-        _sorted(vocab)  # once per vocabulary (about 0.5 s on 131k tokens): here, not at a first mask
+        _sorted(vocab)  # once per vocabulary, and not cheap: here, not at a first mask
 
     @property
     def memory_bytes(self) -> int:
@@ -257,8 +257,9 @@ def _sorted(vocab: Vocabulary) -> SortedVocabulary:
 
 
 def sort_ahead(vocab: Vocabulary) -> None:
-    """Build ``vocab``'s sorted copy in the background (about 0.5 s on 131k tokens), so a server's
-    first request with many tools does not pay for it: started with the engine."""
+    """Build ``vocab``'s sorted copy in the background (a fraction of a second on 131k tokens:
+    docs/architecture.md), so a server's first request with many tools does not pay for it:
+    started with the engine."""
     if vocab.fingerprint not in _SORTED:
         threading.Thread(target=_sorted, args=(vocab,), name="hermes-vllm-sort-vocab", daemon=True).start()
 

@@ -4,9 +4,10 @@ The printed form starts each rule on a line with ``name ::= ``.
 
 :func:`fold_gaps` joins each whitespace gap to the element after it. xgrammar writes a gap as a rule
 of its own that may end after one whitespace character. Nearly every token that starts with a space
-may then end it, so each gap rule's masks hold ~75k undecided tokens on a 131k vocabulary. Its
+may then end it, so each gap rule's masks leave most of the vocabulary undecided. Its
 crossing-grammar cache hits such a rule by shape but then re-checks every one of those tokens
-against what follows in this grammar: about a third of a cold compile. ``A gap B`` becomes
+against what follows in this grammar, a large share of a cold compile (docs/architecture.md, "The
+turn grammar"). ``A gap B`` becomes
 ``A g`` with ``g ::= B | ws B``: what follows the whitespace is known inside ``g``, so those
 tokens are settled while its masks are built.
 """

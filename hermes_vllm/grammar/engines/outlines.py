@@ -17,8 +17,9 @@ and BFCL; strict coverage refuses the keywords, :meth:`OutlinesEngine.check` the
   compile pool under ``Limits.compile_timeout_s``.
 - **Blow-ups.** Counted repetition is unrolled into DFA states: ``maxLength`` (and ``minLength``)
   on strings and large ``minItems``/``maxItems`` can exhaust time and memory, and so can open
-  JSON (any-value, open object or array subschemas unroll three levels deep: 45-150 MB of index
-  each on 32k tokens; one suite schema reached 1.8 GB). The string bounds are not supported, and
+  JSON (any-value, open object or array subschemas unroll three levels deep: indexes of hundreds of
+  megabytes, gigabytes for one suite schema; docs/architecture.md, "Measurements behind the
+  code"). The string bounds are not supported, and
   ``check`` refuses them, item bounds above ``MAX_ITEMS_BOUND`` and turn regexes longer than
   ``MAX_REGEX_CHARS`` before a compile starts, so no request can occupy a compile thread (or
   gigabytes) with one.
@@ -32,7 +33,7 @@ and BFCL; strict coverage refuses the keywords, :meth:`OutlinesEngine.check` the
   item and ignores ``items``, so ``check`` refuses open ones. ``allOf`` and ``oneOf`` are not supported, nor
   ``pattern``: outlines-core pastes it into the JSON string unescaped, so a pattern that can match
   a quote lets the model write invalid JSON, and an unanchored one (``b``, which JSON Schema
-  searches for) made a 1.8 GB index.
+  searches for) made an index of gigabytes.
 - **JSON it cannot spell.** Strings admit no ``\\uXXXX`` escape and no U+007F..U+009F character;
   property names that need escapes are refused; a number's exponent needs a sign (``1e+5``);
   whitespace (bounded) is allowed everywhere xgrammar allows it except before ``,`` in arrays;
@@ -77,9 +78,10 @@ OUTLINES_KEYWORDS = frozenset(
 MAX_ITEMS_BOUND = 64
 """Largest ``minItems``/``maxItems`` compiled; each unit of bound copies the item's DFA."""
 MAX_REGEX_CHARS = 40_000
-"""Longest turn regex compiled. The index grows with it (about 2 MB per 1000 characters on a 32k
-vocabulary, four times that on 131k); BFCL tool sets need 4k at the median, 36k at p99, and each
-any-value or open object/array subschema adds 20k-70k (outlines unrolls them three levels deep)."""
+"""Longest turn regex compiled. The index grows with it; the bound admits BFCL's tool sets up to
+their 99th percentile, and each any-value or open object/array subschema adds tens of thousands of
+characters, as outlines unrolls them three levels deep (docs/architecture.md, "Measurements
+behind the code")."""
 _BLOW_UPS = {
     "maxLength": "it unrolls into one DFA state per character",
     "minLength": "it unrolls into one DFA state per character",

@@ -5,12 +5,12 @@ rule), the call and span tags after it (robust to any token boundary, since xgra
 tag text byte by byte), a JSON-schema call body, and an optional unclosed reasoning/hidden span at
 the end so that free text and reasoning may stop anywhere. Each tool's arguments come from
 xgrammar's JSON-schema conversion; its basic JSON rules are the same text for every schema and
-are kept once (each copy took ~370 KiB of masks on a 131k vocabulary). Writing the EBNF directly
-costs about a third of going through xgrammar's structural tags and merging their copies
-afterwards. Each whitespace gap is then folded into the element after it, and rules that match
-the same text are written once (:mod:`.ebnf`): tools repeat each other's enums, objects and
-folded gaps, and 400 BFCL tools' 9,000 rules are 3,000 once merged (xgrammar builds the masks of
-every rule; its compile took ~20-40% less time, and masks in a call cost less).
+are kept once (each copy took its own masks). Writing the EBNF directly costs less than going
+through xgrammar's structural tags and merging their copies afterwards. Each whitespace gap is then
+folded into the element after it, and rules that match the same text are written once
+(:mod:`.ebnf`): tools repeat each other's enums, objects and folded gaps, and merging leaves a
+third of 400 BFCL tools' rules (xgrammar builds the masks of every rule: the compile and the masks
+in a call cost less; docs/architecture.md, "Measurements behind the code").
 """
 
 from __future__ import annotations
@@ -72,11 +72,10 @@ XGRAMMAR_KEYWORDS = frozenset(
 
 _CPP_LOCATION = re.compile(r"^.*?\.cc:\d+: ")
 
-# Measured with benchmarks/memory.py --mode compile (131k vocabulary, BFCL tool sets, RSS after
-# malloc_trim): a cached grammar keeps 1.3x what ``memory_size_bytes`` counts (allocator overhead
-# of its many small mask vectors) when it churns alone and ~1.7x beside xgrammar's churning cache,
-# and xgrammar's own cache keeps ~3.1x what ``get_cache_size_bytes`` says. Our byte limits mean
-# resident memory, so both counts are scaled, with a margin.
+# A cached grammar keeps more resident memory than ``memory_size_bytes`` counts (allocator overhead
+# of its many small mask vectors), and xgrammar's own cache more than ``get_cache_size_bytes`` says
+# (benchmarks/memory.py --mode compile; the ratios in docs/architecture.md, "Measurements behind the
+# code"). Our byte limits mean resident memory, so both counts are scaled, with a margin.
 RESIDENT_PER_COUNTED_BYTE = 2.0
 XGRAMMAR_CACHE_UNDERCOUNT = 4
 
@@ -98,9 +97,9 @@ def _choice(alternatives: Sequence[str]) -> str:
 def _schema_rules(schema: str, max_whitespace: int) -> tuple[Mapping[str, str], frozenset[str]]:
     """xgrammar's JSON-schema conversion of one tool's parameters (canonical JSON text): its rules
     by name, and which of them are its basic JSON rules or reached from them. Memoised: agents'
-    tool sets shift by a tool or two and share tools with each other, and converting is ~1 ms a
-    tool (a third of our share of a 400-tool compile). An enforced ``format`` becomes its pattern
-    here (xgrammar's own format grammars reject valid strings)."""
+    tool sets shift by a tool or two and share tools with each other, and converting was a third of
+    our share of a many-tool compile (docs/architecture.md, "Measurements behind the code"). An
+    enforced ``format`` becomes its pattern here (xgrammar's own format grammars reject valid strings)."""
     if '"format"' in schema:
         schema = json.dumps(formats_as_patterns(json.loads(schema), raw_safe=True), ensure_ascii=False)
     if max_whitespace == 0:  # xgrammar refuses a count of 0: compact JSON is its own option
@@ -372,7 +371,8 @@ class XGrammarEngine(GrammarEngine):
         limits = get_limits()
         # Our cache (keyed by the canonical turn) holds whole grammars; xgrammar's own cache is on
         # for what ours cannot share: the token masks of rules that recur across different tool
-        # sets and key orders. A new tool set compiles ~2.5x faster with it (131k vocabulary).
+        # sets and key orders: a new tool set compiles faster with it (docs/architecture.md,
+        # "Measurements behind the code").
         self._compiler = xgr.GrammarCompiler(
             vocab.tokenizer_info,
             max_threads=limits.compile_threads,

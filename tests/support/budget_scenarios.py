@@ -27,10 +27,11 @@ from openai import AsyncOpenAI
 
 from hermes_vllm.budget import MARK, served_vocabulary
 from hermes_vllm.constraint import constraint_args, parse_constraint
+from hermes_vllm.demo.bias import call_bias
 from hermes_vllm.schema import bfcl_to_json_schema, normalize_tools
-from hermes_vllm.testing.bias import call_bias
-from hermes_vllm.testing.corpus import sample_tool_sets
-from hermes_vllm.testing.server import Reply
+from hermes_vllm.testing.adversary import span_token_counts
+from support.corpus import sample_tool_sets
+from support.readings import Reply
 
 WEATHER = {
     "type": "function",
@@ -157,22 +158,6 @@ def valid_calls(reply: Reply, tools: Sequence[dict[str, Any]]) -> int | None:
         except (ValueError, KeyError, jsonschema.ValidationError):
             return None
     return len(reply.calls)
-
-
-def span_token_counts(token_ids: Sequence[int], tokenizer: Any) -> list[int]:
-    """Tokens inside each ``<think>`` span, counted between the tags' own tokens."""
-    begin, end = tokenizer.convert_tokens_to_ids(["<think>", "</think>"])
-    counts: list[int] = []
-    inside = False
-    for token in token_ids:
-        if token == begin and not inside:
-            inside = True
-            counts.append(0)
-        elif token == end and inside:
-            inside = False
-        elif inside:
-            counts[-1] += 1
-    return counts
 
 
 def reserve(tokenizer: Any, tools: list[dict[str, Any]], choice: Any) -> int:

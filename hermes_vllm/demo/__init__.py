@@ -6,7 +6,7 @@ call's arguments validate against its tool's JSON schema (``jsonschema``). The t
 many were, per server, with one reply each.
 
 Without ``--model`` it serves, on the CPU and with no logit bias, the small tool-calling model
-trained here (:mod:`hermes_vllm.testing.trained_model`; trained on first use, then taken from the
+trained here (:mod:`hermes_vllm.demo.trained_model`; trained on first use, then taken from the
 cache) and asks it held-out BFCL questions, never trained on: a model that tries, and fails the
 way weak models fail. A reply also counts its "right tool": every call names one of the item's
 expected functions.
@@ -14,11 +14,15 @@ expected functions.
 ``--random`` serves a tiny random-weight model instead (the tests' model) on the demo's own three
 tools. A random model writes garbage, which is the point: whatever valid calls it returns, a
 constraint made them so. It almost never closes a JSON string, so every request favours tokens
-holding ``"``, ``}`` or ``]`` (:func:`hermes_vllm.testing.bias.call_bias`), the same on every
+holding ``"``, ``}`` or ``]`` (:func:`hermes_vllm.demo.bias.call_bias`), the same on every
 server. Nor does it open a call by itself: ``auto`` requests also favour the call tag;
 ``required`` ones do not, so their call comes from the constraint and its token budget alone.
 With ``--model`` (a Hugging Face id or path) it serves that model on the demo's tools with
 vLLM's defaults for the platform and no bias.
+
+Beside it, what only the demo runs (the tests and benchmarks use them too): the model recipe
+(:mod:`.trained_model`), the BFCL corpus it trains on (:mod:`.bfcl`), the server launcher
+(:mod:`.server`) and the random model's bias (:mod:`.bias`).
 """
 
 from __future__ import annotations
@@ -255,7 +259,7 @@ def held_out_requests(count: int, max_prompt_chars: int = 4000) -> list[Request]
 
     Items with long tool sets are skipped (the CPU server's context is short); the choice is fixed.
     """
-    from hermes_vllm.testing.trained_model import held_out_items
+    from hermes_vllm.demo.trained_model import held_out_items
 
     pools: dict[str, list[Any]] = {c: [] for c in HELD_OUT_CATEGORIES}
     for item in held_out_items():
@@ -275,7 +279,7 @@ def serve_and_ask(server: Server, setup: Setup, batch: Sequence[Request]) -> lis
     """Start ``server``, send every request at once (the engine batches them), stop it."""
     from openai import OpenAI
 
-    from hermes_vllm.testing.server import CPU_ARGS, CPU_ENV, openai_server
+    from hermes_vllm.demo.server import CPU_ARGS, CPU_ENV, openai_server
 
     args = (*server.flags, *(CPU_ARGS if setup.on_cpu else ()))
     started = time.monotonic()
@@ -316,8 +320,8 @@ def _random_setup(tokenizer_name: TokenizerName, max_tokens: int, on_cpu: bool) 
     """The tiny random model and the bias it needs to finish calls (the same on every server)."""
     from transformers import AutoTokenizer
 
+    from hermes_vllm.demo.bias import call_bias
     from hermes_vllm.testing import tiny_model_path
-    from hermes_vllm.testing.bias import call_bias
 
     served = str(tiny_model_path(tokenizer_name))
     tokenizer = AutoTokenizer.from_pretrained(served)
@@ -361,7 +365,7 @@ def run(
     else:
         from dataclasses import replace
 
-        from hermes_vllm.testing.trained_model import DEFAULT_RECIPE, trained_model_path
+        from hermes_vllm.demo.trained_model import DEFAULT_RECIPE, trained_model_path
 
         recipe = DEFAULT_RECIPE if steps is None else replace(DEFAULT_RECIPE, steps=steps)
         served = str(trained_model_path(recipe))
@@ -422,7 +426,3 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hermes_vllm.demo", description=DESCRIPTION)
     add_arguments(parser)
     return run_args(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -38,7 +38,7 @@ from hermes_vllm.schema import (
     value_key,
 )
 from hermes_vllm.schema.tree import repoint_refs
-from hermes_vllm.testing.corpus import BfclCase, bfcl_files, load_bfcl, load_suite_file
+from support.corpus import BfclCase, bfcl_files, load_bfcl, load_suite_file
 
 JSON = Any
 Status = Literal["compiled", "refused", "crashed"]
