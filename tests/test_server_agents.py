@@ -3,7 +3,7 @@
 An OpenAI Agents SDK agent (``Agent(tools=..., output_type=...)`` through ``Runner.run``, over Chat
 Completions and over Responses) and a pydantic-ai agent (a tool and ``NativeOutput``: a
 ``response_format`` JSON schema beside the tools) run against our server on the trained model
-(:mod:`hermes_vllm.testing.trained_model`, Qwen 3's template, our ``hermes_vllm_qwen`` parsers), with
+(:mod:`hermes_vllm.demo.trained_model`, Qwen 3's template, our ``hermes_vllm_qwen`` parsers), with
 no logit bias. Each first turn sends the tools and the answer's schema under ``tool_choice``
 ``auto``: the model calls the tool (before the turn grammar took the schema in, vLLM's structured
 output ran from the first token and the model could only answer). The client runs the tool and
@@ -29,8 +29,8 @@ import pytest
 from openai import AsyncOpenAI
 from pydantic import BaseModel
 
-from hermes_vllm.testing.server import CPU_ARGS, CPU_ENV, openai_server
-from hermes_vllm.testing.trained_model import trained_model_path
+from hermes_vllm.demo.server import CPU_ARGS, CPU_ENV, openai_server
+from hermes_vllm.demo.trained_model import trained_model_path
 
 pytestmark = pytest.mark.server
 
