@@ -114,7 +114,9 @@ def test_suite_format_file_on_every_engine(
 def test_the_suites_leap_seconds_are_the_clients_rejections(name: str) -> None:
     """Each refused valid instance is one the client's own pydantic type rejects, and they are all
     the suite's valid instances with second 60: the exception is exactly the leap seconds."""
-    assert LEAP_SECONDS[name] == {v for v, valid in suite_cases(name) if valid and re.search(r":60(?![0-9])", v)}
+    assert LEAP_SECONDS[name] == {
+        v for v, valid in suite_cases(name) if valid and re.search(r":60(?![0-9])", v)
+    }
     for value in LEAP_SECONDS[name]:
         with pytest.raises(ValidationError):
             TypeAdapter(PYDANTIC_TYPES[name]).validate_python(value)

@@ -18,6 +18,7 @@ from hermes_vllm.schema.rewrite import (
 )
 from hermes_vllm.schema.spec import JSON, ToolSchemaError, ToolSpec, pointer
 from hermes_vllm.schema.tree import CONSTRAINING, iter_subschemas
+from hermes_vllm.schema.unique import kept_kind
 
 logger = logging.getLogger(__name__)
 
@@ -92,8 +93,11 @@ def uncovered_keywords(spec: ToolSpec, supported: frozenset[str]) -> list[Uncove
     found = []
     for path, sub in iter_subschemas(spec.parameters):
         where = pointer(("parameters", *path))
+        kept = {"uniqueItems"} if kept_kind(sub) else set()  # the processor keeps it (schema/unique.py)
         found += [
-            UncoveredKeyword(spec.name, where, k) for k in sub if k in CONSTRAINING and k not in supported
+            UncoveredKeyword(spec.name, where, k)
+            for k in sub
+            if k in CONSTRAINING and k not in supported and k not in kept
         ]
         found += [UncoveredKeyword(spec.name, where, k, why) for k, why in _misplaced(sub) if k in supported]
     return found

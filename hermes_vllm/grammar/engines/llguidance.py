@@ -51,6 +51,7 @@ from hermes_vllm.grammar.engines.base import (
 from hermes_vllm.grammar.turn import LEAD_WHITESPACE, TurnSpec
 from hermes_vllm.schema import ToolSpec, canonical_value, iter_subschemas
 from hermes_vllm.schema.formats import formats_as_patterns
+from hermes_vllm.schema.unique import without_kept_unique
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +104,7 @@ def _schema(tool: ToolSpec, max_ws: int) -> dict[str, Any]:
     compares numbers by value), and objects that declare ``properties`` are closed unless they
     say otherwise: our argument policy, which llguidance (following JSON Schema) would not apply.
     """
-    schema: dict[str, Any] = canonical_value(formats_as_patterns(tool.parameters))
+    schema: dict[str, Any] = canonical_value(formats_as_patterns(without_kept_unique(tool.parameters)))
     for _, sub in iter_subschemas(schema):
         if isinstance(sub.get("properties"), dict) and not _OPENERS & sub.keys():
             sub["additionalProperties"] = False
