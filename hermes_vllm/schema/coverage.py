@@ -48,7 +48,7 @@ _MAX_DIVISOR = 1024
 """Largest ``multipleOf`` xgrammar 0.2.8 enforces, the only engine that enforces the keyword."""
 _MULTIPLE_OF_REASON = (
     f'enforced only on "type": "integer" with a whole divisor from 1 to {_MAX_DIVISOR} and no range '
-    "bound beside it (a bounded range of few multiples is spelled out as an enum)"
+    "bound beside it (a bounded range of few multiples, integer or number, is spelled out as an enum)"
 )
 _RANGE = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 
