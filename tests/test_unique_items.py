@@ -234,3 +234,22 @@ def test_the_completer_writes_distinct_items() -> None:
     assert completer.complete(head + '"b"], "ids": [1, 1') == "0]}}</tool_call>"
     assert completer.complete(head + '"b"], "scores": [1.0, 1.') == "1]}}</tool_call>"
     assert completer.complete(head + '"a"') is None  # a repeat written: no valid reading
+
+
+def test_the_guard_follows_rollbacks(tokenizer: Any) -> None:
+    """Speculative decoding rolls the matcher back: the items the guard read go back with it."""
+    grammar = ToolGrammarCompiler(tokenizer, engine="xgrammar").compile([TAG], "required")
+    latin1 = grammar.vocab.latin1
+    a, quote = latin1.index("a"), latin1.index('"')
+    head = '<tool_call>{"name": "tag", "arguments": {"tags": ['
+    matcher = grammar.matcher()
+    assert all(matcher.accept_token(t) for t in tokenizer.encode(head + '"a", "', add_special_tokens=False))
+    assert matcher.accept_token(a)
+    assert not matcher.accept_token(quote)  # "a" again
+    matcher.rollback(1)
+    assert matcher.accept_token(quote)  # "" is new
+    matcher = grammar.matcher()
+    assert all(matcher.accept_token(t) for t in tokenizer.encode(head + '"', add_special_tokens=False))
+    assert matcher.accept_token(a) and matcher.accept_token(quote)
+    matcher.rollback(2)  # the first item is unwritten: "a" may be written again
+    assert matcher.accept_token(a) and matcher.accept_token(quote)
