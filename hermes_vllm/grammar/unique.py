@@ -79,6 +79,8 @@ def item_key(kind: str, raw: str) -> Any:
     a string's without its quotes)."""
     if kind != "string":
         return item_value(raw)
+    if raw.isascii() and "\\" not in raw:  # most items: the text is the value
+        return raw
     return item_value(('"' + raw + '"').encode("latin-1").decode("utf-8", errors="replace"))
 
 
@@ -241,6 +243,21 @@ class _Call:
         stuck = scalar == "number" and raw in ("0", "-0") and "number" not in kinds
         return stuck and (0 in seen or 0 in extra)
 
+    def plain_closings(self, plain: dict[str, np.ndarray]) -> np.ndarray | None:
+        """Inside a string item: of the tokens closing it plainly (by the text before their
+        quote, :class:`_Pieces`), those that would close a repeat; ``None`` where the item is not
+        read so simply (an escape, other bytes, items of other kinds)."""
+        top = self.stack[-1]
+        raw = self.raw
+        if self.escape or top.kinds != {"string"} or not raw.isascii() or "\\" in raw:
+            return None
+        found = [
+            plain[v[len(raw) :]]
+            for v in top.seen
+            if isinstance(v, str) and v.startswith(raw) and v.isascii() and v[len(raw) :] in plain
+        ]
+        return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
+
     @property
     def active(self) -> bool:
         top = self.stack[-1] if self.stack else None
@@ -249,27 +266,57 @@ class _Call:
 
 @dataclass(frozen=True)
 class _Pieces:
-    """Per vocabulary: which tokens can close an item (hold a quote, a digit or a separator)."""
+    """Per vocabulary, the tokens that can close an item. Inside a string: those holding a quote,
+    most of them plainly (one quote, ASCII and no backslash before it: by the text before the
+    quote), the rest to be read; between items: those holding two quotes or a digit (by id)."""
 
-    quote: np.ndarray
-    closing: np.ndarray
+    plain: dict[str, np.ndarray]
+    other_quotes: np.ndarray
+    between: np.ndarray
 
 
 _PIECES: dict[int, tuple[Sequence[str], _Pieces]] = {}
 
 
-def _pieces(latin1: Sequence[str], size: int) -> _Pieces:
+def _pieces(latin1: Sequence[str]) -> _Pieces:
     kept = _PIECES.get(id(latin1))
     if kept is not None and kept[0] is latin1:
         return kept[1]
-    quote = np.zeros(size, dtype=bool)
-    closing = np.zeros(size, dtype=bool)
-    for i, piece in enumerate(latin1[:size]):
-        quote[i] = '"' in piece
-        closing[i] = any(c in piece for c in '"0123456789,] \t\n\r')
-    made = _Pieces(quote, closing)
+    plain: dict[str, list[int]] = {}
+    other: list[int] = []
+    for i, piece in enumerate(latin1):
+        k = piece.find('"')
+        if k < 0:
+            continue
+        if piece.count('"') == 1 and piece[:k].isascii() and "\\" not in piece[:k]:
+            plain.setdefault(piece[:k], []).append(i)
+        else:
+            other.append(i)
+    between = np.array(
+        [piece.count('"') > 1 or any(c.isdigit() for c in piece) for piece in latin1], dtype=bool
+    )
+    made = _Pieces(
+        {k: np.array(v, dtype=np.int64) for k, v in plain.items()}, np.array(other, dtype=np.int64), between
+    )
     _PIECES[id(latin1)] = (latin1, made)
     return made
+
+
+def _held(view: np.ndarray, ids: np.ndarray, size: int) -> np.ndarray:
+    """The ``ids`` a packed mask row (as uint32 words) allows."""
+    ids = ids[ids < size]
+    held: np.ndarray = ids[(view[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1 == 1]
+    return held
+
+
+def _allowed(words: np.ndarray, size: int) -> np.ndarray:
+    """The ids a packed mask row allows (read from its nonzero words only)."""
+    view = words.view(np.uint32)
+    nonzero = np.flatnonzero(view)
+    bits = np.unpackbits(view[nonzero].view(np.uint8), bitorder="little").reshape(-1, 32).astype(bool)
+    ids: np.ndarray = (nonzero[:, None] * 32 + np.arange(32))[bits]
+    kept: np.ndarray = ids[ids < size]
+    return kept
 
 
 class UniqueGuard:
@@ -330,17 +377,24 @@ class UniqueGuard:
         if call is None or not call.active:
             return 0
         size = min(len(self._latin1), words.size * 32)
-        pieces = _pieces(self._latin1, size)
-        bits = np.unpackbits(words.view(np.uint8), bitorder="little")[:size].astype(bool)
-        if call.scalar == "string":
-            bits &= pieces.quote
-        elif call.scalar is None:
-            bits &= pieces.closing
-        allowed = np.flatnonzero(bits)
-        banned = [int(t) for t in allowed if call.repeats(self._latin1[t])]
+        pieces = _pieces(self._latin1)
+        view = words.view(np.uint32)
+        banned: list[int] = []
+        if call.scalar == "string":  # most of the vocabulary goes on: only a quote closes
+            plain = call.plain_closings(pieces.plain)
+            if plain is not None:  # a plain closing repeats when the text before its quote does
+                banned += _held(view, plain, size).tolist()
+                read = pieces.other_quotes
+            else:
+                read = np.concatenate([pieces.other_quotes, *pieces.plain.values()])
+            allowed = _held(view, read, size)
+        else:  # few tokens go on a number or begin an item
+            allowed = _allowed(words, size)
+            if call.scalar is None:
+                allowed = allowed[pieces.between[allowed]]
+        banned += [int(t) for t in allowed if call.repeats(self._latin1[t])]
         if not banned:
             return 0
-        view = words.view(np.uint32)
         before = view.copy()
         for token in banned:
             view[token >> 5] &= np.uint32(0xFFFFFFFF ^ (1 << (token & 31)))
