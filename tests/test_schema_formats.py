@@ -29,7 +29,7 @@ from hermes_vllm.grammar import ToolGrammarCompiler
 from hermes_vllm.processor.core import ConstraintCore
 from hermes_vllm.schema import normalize_tool
 from hermes_vllm.schema.formats import FORMAT_PATTERNS, RAW_SAFE_PATTERNS
-from hermes_vllm.schema.regex import literal_characters
+from hermes_vllm.schema.regex import literal_characters, optional_groups_spelled_out
 from hermes_vllm.spans import split_spans
 from hermes_vllm.testing.adversary import SAMPLERS, Scenario, run
 from hermes_vllm.testing.corpus import SUITE_DRAFT, corpus_dir, load_suite_file
@@ -251,3 +251,40 @@ def test_worst_case_calls_satisfy_the_clients_own_model_on_each_engine(tokenizer
     """outlines-core takes seconds to index these patterns (tens under load, past the compile
     timeout): its formats are checked on the suite above."""
     assert_clients_model_accepts(engine, tokenizer, [("required", 3)])
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_seconds_field_of_three_digits_is_refused(
+    compilers: dict[str, ToolGrammarCompiler], engine: str
+) -> None:
+    """The generated-schema sweep found ``"when": "6488-12-31T20:26:406Z"`` written on xgrammar (an
+    MCP tool's ``datetime``, the ``late`` sampler): xgrammar 0.2.8 read the optional fraction
+    ``(\\.[0-9]+)?`` as if its dot were optional too. Patterns go to it respelled
+    (:func:`optional_groups_spelled_out`)."""
+    grammar = compilers[engine].compile([one_string_tool({"type": "string", "format": "date-time"})])
+    for bad in ("6488-12-31T20:26:406Z", "2814-12-31T21:13:551-01:24"):
+        assert not grammar.matcher().accepts_text(call(bad)), bad
+    assert grammar.matcher().accepts_text(call("6488-12-31T20:26:40.6Z"))
+
+
+@pytest.mark.parametrize(
+    ("pattern", "valid", "invalid"),
+    [
+        ("^a(b[0-9]+)?Z$", ["aZ", "ab6Z"], ["a6Z", "abZ"]),
+        ("^a(bc*)?Z$", ["aZ", "abZ", "abccZ"], ["accZ"]),
+        ("^a([0-9]+b)?Z$", ["aZ", "a6bZ"], ["a6Z"]),
+    ],
+)
+def test_an_optional_group_ending_in_a_repeat_is_read_right_on_xgrammar(
+    compilers: dict[str, ToolGrammarCompiler], pattern: str, valid: list[str], invalid: list[str]
+) -> None:
+    grammar = compilers["xgrammar"].compile([one_string_tool({"type": "string", "pattern": pattern})])
+    assert [v for v in valid + invalid if grammar.matcher().accepts_text(call(v))] == valid
+
+
+def test_optional_groups_are_respelled_and_nothing_else() -> None:
+    assert optional_groups_spelled_out(r"^a(b[0-9]+)?(?:c)?Z$") == r"^a(b[0-9]+){0,1}(?:c){0,1}Z$"
+    for kept in (r"^a\)?b$", r"^[)?]$", r"^[])?]x$", r"^[^])?]x$", r"^(a)??$", r"^(a)?+$", r"^x?$"):
+        assert optional_groups_spelled_out(kept) == kept
+    for name, pattern in FORMAT_PATTERNS.items():
+        assert re.compile(optional_groups_spelled_out(pattern)).pattern, name
