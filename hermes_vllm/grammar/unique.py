@@ -154,7 +154,8 @@ class _Call:
                 top.key = None
             return
         if c in "}]":
-            self.stack.pop()
+            if self.stack:  # the grammar closes only what is open; the guard never raises
+                self.stack.pop()
             self._closed("container", "")
             return
         if c == '"':
