@@ -13,9 +13,10 @@ every ``--stride``-th ``max_tokens`` from the turn's reserve to reserve + 64 (``
 nothing else, ``stop=["\\n\\n"]``, a thinking budget of 6 with vLLM's own thinking budget played.
 With ``--generated`` the shapes are the tools clients generate instead
 (:mod:`support.generated_schemas`: pydantic models, their ``allOf`` form, the openai
-SDK's strict form), each alone, and all of them four times over under other names (a 72-tool set
-that the composed matcher serves on xgrammar); a run is kept only if the client's own model
-(``Model.model_validate``) and jsonschema with format checking accept every call.
+SDK's strict form, LangChain's and MCP servers' tools), each alone, and all of them four times
+over under other names (a 132-tool set that the composed matcher serves on xgrammar); a run is
+kept only if the client's own validation (``Model.model_validate``, an MCP server's
+``validate_arguments``) and jsonschema with format checking accept every call.
 ``--runner`` plays every reply through the processor core (the default) or through the Model Runner
 V2 adapter with its hooks called in 0.33's or 0.34's order (``hermes_vllm.testing.v2_runner``).
 Writes PATH.json (every outcome, the summary by shape and by budget, the core's cost per row per

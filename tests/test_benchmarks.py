@@ -248,3 +248,14 @@ def test_quality_runs(tmp_path: Path) -> None:
     assert answering["answered"] == answering["items"] and answering["http_errors"] == 0
     assert "| ours auto + response_format | 2 |" in (tmp_path / "quality.md").read_text()
     assert (tmp_path / "quality.png").stat().st_size > 0 and (tmp_path / "quality.md").exists()
+
+
+def test_unique_cost_runs(tmp_path: Path) -> None:
+    run("unique_cost.py", "--tokenizer", "mistral-v1", "--repeat", "3", out=tmp_path / "unique.json")
+    result = json.loads((tmp_path / "unique.json").read_text())
+    assert set(result["points"]) == {
+        "inside a string item",
+        "between items",
+        "inside an integer item",
+        "outside the sets",
+    }

@@ -375,7 +375,8 @@ KEYWORD_SCHEMAS: dict[str, dict[str, Any]] = {
     "pattern": {"type": "string", "pattern": "^a+$"},
     "maxItems": {"type": "array", "items": {"type": "integer"}, "maxItems": 2},
     "minItems": {"type": "array", "items": {"type": "integer"}, "minItems": 2},
-    "uniqueItems": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
+    # over items that cannot always be written on (here bounded), which the processor cannot keep
+    "uniqueItems": {"type": "array", "items": {"type": "integer", "maximum": 9}, "uniqueItems": True},
     "contains": {"type": "array", "contains": {"type": "integer"}},
     "maxProperties": {"type": "object", "additionalProperties": {"type": "integer"}, "maxProperties": 1},
     "minProperties": {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 1},

@@ -205,7 +205,9 @@ def test_strict_coverage_refuses_what_the_engine_would_ignore(
 def test_lenient_coverage_strips_and_asks_for_validation(compiler: ToolGrammarCompiler) -> None:
     params = {
         "type": "object",
-        "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
+        "properties": {
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 4}, "uniqueItems": True}
+        },
     }
     prepared = compiler.prepare([tool(params)], coverage="lenient")
     assert prepared.needs_validation

@@ -1,9 +1,11 @@
-"""Integer ``multipleOf`` (issue 28, item 2): pydantic's ``conint(multiple_of=...)``.
+"""``multipleOf`` (issue 28, item 2): pydantic's ``conint(multiple_of=...)`` and
+``confloat(multiple_of=..., ge=..., le=...)``.
 
 Unbounded, the multiples of an integer are a regular language of decimal strings, which xgrammar
 enforces exactly for divisors up to 1024 (``auto`` sends such a turn there); in a bounded range
-they are a finite set, spelled as an ``enum`` that every engine enforces. What neither covers is
-refused by name.
+they are a finite set, spelled as an ``enum`` that every engine enforces, integers and numbers
+alike (numbers: the values the client's jsonschema accepts). What neither covers (an unbounded
+number multiple) is refused by name.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 from typing import Annotated, Any
 
 import pytest
+from jsonschema import Draft202012Validator
 from pydantic import BaseModel, Field
 from support.soundness import tool
 
@@ -114,3 +117,51 @@ def test_worst_case_calls_satisfy_the_clients_own_model(tokenizer: Any) -> None:
             for span in split_spans(outcome.text, get_dialect("hermes"), strict=True):
                 if span.kind == "call":
                     Order.model_validate(json.loads(span.body)["arguments"])
+
+
+class Rate(BaseModel):
+    """Number multiples in a bounded range: stars in halves, a discount in steps of 0.1."""
+
+    stars: Annotated[float, Field(multiple_of=0.5, ge=0, le=5)]
+    discount: Annotated[float, Field(multiple_of=0.1, gt=0, lt=1)] = 0.5
+
+
+RATE = {"type": "function", "function": {"name": "rate", "parameters": Rate.model_json_schema()}}
+
+
+def test_a_bounded_range_of_number_multiples_is_the_set_the_client_accepts() -> None:
+    """Spelled out as the multiples jsonschema accepts too: it divides in binary floating point,
+    so 0.3 is no multiple of 0.1 to it, and it is left out (the client would refuse it)."""
+    props = normalize_tool(RATE).parameters["properties"]
+    assert props["stars"] == {"enum": [0, 0.5, 1, 1.5, 2, 2.5, 3, 3.5, 4, 4.5, 5]}
+    assert props["discount"] == {"enum": [0.1, 0.2, 0.4, 0.5, 0.8, 0.9]}
+    check = Draft202012Validator({"multipleOf": 0.1})
+    assert not check.is_valid(0.3) and not check.is_valid(0.7)
+
+
+@pytest.mark.parametrize("engine", ("xgrammar", "llguidance", "outlines", "auto"))
+def test_every_engine_enforces_a_bounded_range_of_number_multiples(tokenizer: Any, engine: str) -> None:
+    grammar = ToolGrammarCompiler(tokenizer, engine=engine).compile(
+        [one_integer({"type": "number", "multipleOf": 2.5, "minimum": -5, "exclusiveMaximum": 5})]
+    )
+    values = [int(x / 4) if x % 4 == 0 else x / 4 for x in range(-40, 41)]  # each in its shortest spelling
+    assert [v for v in values if grammar.matcher().accepts_text(call(v))] == [-5, -2.5, 0, 2.5]
+    assert not grammar.matcher().accepts_text(call(2.5 + 1e-9))
+
+
+def test_number_multiples_hold_under_the_worst_case(tokenizer: Any) -> None:
+    """Every sampler, ``required`` and named, from the reserve up: ``Rate.model_validate`` and
+    jsonschema accept each call (the tool was refused before)."""
+    core = ConstraintCore(lambda: tokenizer, len(tokenizer), engine="auto")
+    state = core.admit(constraint_args([RATE], "required"), [], max_tokens=1000)
+    assert state is not None and state.budget is not None
+    check = Draft202012Validator(Rate.model_json_schema())
+    for sampler in SAMPLERS:
+        for choice, extra in (("required", 0), ("rate", 5), ("required", 30)):
+            outcome = run(core, tokenizer, Scenario([RATE], choice, state.budget.reserve + extra), sampler)
+            assert outcome.kept(None), (sampler, choice, extra, outcome)
+            for span in split_spans(outcome.text, get_dialect("hermes"), strict=True):
+                if span.kind == "call":
+                    arguments = json.loads(span.body)["arguments"]
+                    Rate.model_validate(arguments)
+                    check.validate(arguments)

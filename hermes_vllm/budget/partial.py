@@ -27,6 +27,7 @@ from hermes_vllm.budget.shortest import (
     Unknown,
     compact,
     declared,
+    distinct_items,
     extend_number,
     extra_schema,
     free_keys,
@@ -36,6 +37,7 @@ from hermes_vllm.budget.shortest import (
     shortest_value,
     types_of,
 )
+from hermes_vllm.schema.unique import item_value, kept_kind
 
 
 @dataclass(frozen=True)
@@ -200,32 +202,44 @@ def _read_array(schema: Mapping[str, Any], ctx: Ctx, text: str, i: int, depth: i
     prefix = list(schema.get("prefixItems", ()))
     items = schema.get("items", {})
     need = int(schema.get("minItems", 0))
+    # Items kept distinct (``uniqueItems`` the processor keeps): a repeated one is no reading, an
+    # open one is finished unlike the others, and the items still needed differ too.
+    kind = kept_kind(schema)
+    distinct = kind is not None
 
     def item(n: int) -> Schema:
         return prefix[n] if n < len(prefix) else items
 
-    def close(count: int) -> str:
-        more = [shortest_value(item(n), ctx, depth + 1) for n in range(count, need)]
+    def close(count: int, seen: frozenset[Any]) -> str:
+        if distinct:
+            more = distinct_items(schema, ctx, seen, need - count)
+        else:
+            more = [shortest_value(item(n), ctx, depth + 1) for n in range(count, need)]
         return "".join("," + m if count or k else m for k, m in enumerate(more)) + "]"
 
-    def after(count: int, j: int) -> Iterator[Read]:
+    def after(count: int, j: int, seen: frozenset[Any]) -> Iterator[Read]:
         j = skip_ws(text, j)
         if j == len(text):
             with suppress(Unknown):
-                yield Open(close(count))
+                yield Open(close(count, seen))
         elif text[j] == "]":
             if count >= need:
                 yield Done(j + 1)
         elif text[j] == ",":
-            yield from value(count, j + 1)
+            yield from value(count, j + 1, seen)
 
-    def value(count: int, j: int) -> Iterator[Read]:
+    def value(count: int, j: int, seen: frozenset[Any]) -> Iterator[Read]:
         for r in read_value(item(count), ctx, text, j, depth + 1):
             if isinstance(r, Done):
-                yield from after(count + 1, r.end)
-            else:
+                written = item_value(text[j : r.end]) if distinct else None
+                if written not in seen:
+                    yield from after(count + 1, r.end, seen | {written} if distinct else seen)
+                continue
+            suffix = r.suffix if kind is None else _unlike(kind, text[j:], r.suffix, seen)
+            if suffix is not None:
+                finished = seen | {item_value(text[j:] + suffix)} if distinct else seen
                 with suppress(Unknown):
-                    yield Open(r.suffix + close(count + 1))
+                    yield Open(suffix + close(count + 1, finished))
 
     j = skip_ws(text, i)
     if j < len(text) and text[j] == "]":
@@ -234,9 +248,36 @@ def _read_array(schema: Mapping[str, Any], ctx: Ctx, text: str, i: int, depth: i
         return
     if j == len(text):
         with suppress(Unknown):
-            yield Open(close(0))
+            yield Open(close(0, frozenset()))
         return
-    yield from value(0, j)
+    yield from value(0, j, frozenset())
+
+
+def _unlike(kind: str, written: str, suffix: str, seen: frozenset[Any]) -> str | None:
+    """``suffix``, or the shortest change of it that finishes the item begun as ``written`` unlike
+    every item in ``seen``: a string gets characters more before its closing quote, a number
+    digits more (or a fraction); ``None`` where none is found."""
+    if item_value(written + suffix) not in seen:
+        return suffix
+    if kind == "string":
+        if not suffix.endswith('"'):
+            return None
+        letters = "abcdefghijklmnopqrstuvwxyz0123456789"
+        extras = [*letters, *(a + b for a in letters for b in letters)]
+        candidates: list[str] = [suffix[:-1] + extra + '"' for extra in extras]
+    else:
+        digits = [str(n) for n in range(100)]
+        candidates = [*digits, *(suffix + d for d in digits)]
+        if kind == "number" and not any(c in written + suffix for c in ".eE"):
+            candidates += [suffix + "." + d for d in digits]
+    for candidate in candidates:
+        try:
+            value = json.loads(written + candidate)
+        except ValueError:
+            continue
+        if value not in seen and (kind != "integer" or isinstance(value, int)):
+            return candidate
+    return None
 
 
 class _ObjectReader:

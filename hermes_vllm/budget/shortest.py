@@ -22,6 +22,7 @@ import jsonschema
 
 from hermes_vllm.budget.pattern import shortest_completion
 from hermes_vllm.schema.tree import resolve_ref
+from hermes_vllm.schema.unique import item_value, kept_kind
 
 Schema = Any
 Measure = Callable[[str], int]
@@ -279,6 +280,9 @@ def _shortest_of(kind: str, schema: Mapping[str, Any], ctx: Ctx, depth: int) -> 
     if kind == "array":
         prefix = list(schema.get("prefixItems", ()))
         need = int(schema.get("minItems", 0))
+        distinct = kept_kind(schema)
+        if distinct is not None:
+            return "[" + ",".join(distinct_items(schema, ctx, frozenset(), need)) + "]"
         items = [*prefix[:need], *[schema.get("items", {})] * max(0, need - len(prefix))]
         values = []
         for n, item in enumerate(items):
@@ -290,6 +294,48 @@ def _shortest_of(kind: str, schema: Mapping[str, Any], ctx: Ctx, depth: int) -> 
     if kind == "object":
         return "{" + rest_of_object(schema, ctx, Members(-1, 0, frozenset()), depth, first=True) + "}"
     raise Unknown(kind)
+
+
+_DISTINCT_POOL = 64
+"""Candidate items tried for an array whose items must be distinct, per item wanted."""
+
+
+def _candidate_items(kind: str, min_length: int) -> Iterator[str]:
+    """Items of a kept kind (:mod:`hermes_vllm.schema.unique`), shortest first."""
+    if kind == "string":
+        letters = "abcdefghijklmnopqrstuvwxyz0123456789"
+        for length in counting(min_length):
+            if length == 0:
+                yield '""'
+                continue
+            for c in letters:
+                yield compact("a" * (length - 1) + c)
+    else:
+        for n in counting():
+            yield str(n)
+            if n:
+                yield str(-n)
+
+
+def distinct_items(schema: Mapping[str, Any], ctx: Ctx, taken: frozenset[Any], need: int) -> list[str]:
+    """``need`` shortest items of a kept ``uniqueItems`` array, distinct and unlike ``taken``."""
+    kind = kept_kind(schema)
+    if kind is None:
+        raise Unknown("uniqueItems")
+    if need <= 0:
+        return []
+    items = schema.get("items", {})
+    pool: list[str] = []
+    values = set(taken)
+    for text in _candidate_items(kind, int(items.get("minLength", 0))):
+        value = item_value(text)
+        if value not in values:
+            values.add(value)
+            pool.append(text)
+            if len(pool) >= need + _DISTINCT_POOL:
+                break
+    pool.sort(key=ctx.measure)
+    return pool[:need]
 
 
 def declared(schema: Mapping[str, Any]) -> list[tuple[str, Schema]]:

@@ -27,6 +27,7 @@ from hermes_vllm.grammar.engines.base import (
     token_allowed,
 )
 from hermes_vllm.grammar.turn import ANSWER_NAME, TurnSpec, turn_spec
+from hermes_vllm.grammar.unique import UniqueGuard
 from hermes_vllm.memo import memoize_small
 from hermes_vllm.schema import (
     Coverage,
@@ -37,6 +38,7 @@ from hermes_vllm.schema import (
     normalize_tool,
     read_tools,
 )
+from hermes_vllm.schema.unique import refuse_kept_unique
 from hermes_vllm.settings import Limits, get_limits
 from hermes_vllm.spans import TextFollower
 
@@ -101,6 +103,8 @@ def prepare_turn(
             "(HERMES_VLLM_ENGINE=xgrammar or auto can)",
         )  # fmt: skip
     both = (*spec.tools, spec.answer) if spec.answers and spec.answer is not None else spec.tools
+    if spec.answers and spec.answer is not None:
+        refuse_kept_unique(spec.answer, "the processor keeps it inside calls only, not in an answer")
     covered, needs_validation = check_coverage(both, engine.supported_keywords, engine.name, coverage)
     kept = covered[: len(spec.tools)]
     return PreparedTurn(
@@ -144,11 +148,19 @@ class ToolCallMatcher:
     the same way.
     """
 
-    def __init__(self, fresh: Callable[[], EngineMatcher], tokenizer: Any, gate: _Gate | None = None) -> None:
+    def __init__(
+        self,
+        fresh: Callable[[], EngineMatcher],
+        tokenizer: Any,
+        gate: _Gate | None = None,
+        unique: UniqueGuard | None = None,
+    ) -> None:
         self._fresh = fresh
         self._inner = fresh()
         self._tokenizer = tokenizer
         self._gate = gate
+        self._unique = unique
+        """Keeps the items of ``uniqueItems`` arrays distinct (:mod:`hermes_vllm.grammar.unique`)."""
         self._view: tuple[torch.Tensor, np.ndarray] | None = None
         """The last bitmask filled and its numpy view: ``Tensor.numpy()`` costs microseconds."""
         self.accepted = 0
@@ -156,8 +168,13 @@ class ToolCallMatcher:
         snapshot rolls the matcher back by the difference (engines cannot copy a matcher)."""
 
     def accept_token(self, token_id: int) -> bool:
+        unique = self._unique
+        if unique is not None and not unique.allows(token_id, self._inner):
+            return False
         if self._accept(token_id):
             self.accepted += 1
+            if unique is not None:
+                unique.feed(token_id)
             return True
         return False
 
@@ -189,10 +206,24 @@ class ToolCallMatcher:
                 view = self._view = (bitmask, bitmask.numpy())
             view[1][row] = gate.start.mask  # measured faster than np.copyto
             return True
-        return self._inner.fill_bitmask(bitmask, row)
+        filled = self._inner.fill_bitmask(bitmask, row)
+        if self._unique is not None and self._unique.active:
+            if not filled:
+                bitmask[row].fill_(-1)
+            self.ban_repeats(bitmask, row)
+            return True
+        return filled
+
+    def ban_repeats(self, bitmask: torch.Tensor, row: int = 0) -> None:
+        """Clear from ``bitmask[row]`` (filled by the engine) the tokens that would close an item
+        equal to an earlier one in a ``uniqueItems`` array; for callers that fill rows in batch."""
+        if self._unique is not None and self._unique.active:
+            self._unique.ban(bitmask[row].numpy())
 
     def rollback(self, num_tokens: int = 1) -> None:
         self.accepted -= num_tokens
+        if self._unique is not None:
+            self._unique.rollback(num_tokens)
         gate = self._gate
         if gate is None:
             self._inner.rollback(num_tokens)
@@ -222,7 +253,13 @@ class ToolCallMatcher:
         Consumes this matcher; use a fresh one per check.
         """
         ids = self._tokenizer.encode(text, add_special_tokens=False)
-        return all(self._inner.accept_token(i) for i in ids) and self._inner.can_end()
+        unique = self._unique
+        for i in ids:
+            if (unique is not None and not unique.allows(i, self._inner)) or not self._inner.accept_token(i):
+                return False
+            if unique is not None:
+                unique.feed(i)
+        return self._inner.can_end()
 
 
 def utf8_need(need: int, data: str) -> int:
@@ -326,7 +363,9 @@ class CompiledToolGrammar:
         gate = None
         if gated and spec.free_text and spec.parallel and self.vocab.gate_allowed(spec.dialect):
             gate = _Gate(spec.dialect, self.vocab.latin1, self._start(stops))
-        return ToolCallMatcher(partial(self.grammar.matcher, stops), self.vocab.tokenizer, gate)
+        tools = [(t.name, t.parameters) for t in spec.tools]
+        unique = UniqueGuard.for_turn(spec.dialect, tools, self.vocab.latin1)
+        return ToolCallMatcher(partial(self.grammar.matcher, stops), self.vocab.tokenizer, gate, unique)
 
     def _start(self, stops: tuple[int, ...]) -> _Start:
         """The mask at the grammar's start for these stop tokens, filled once."""

@@ -662,6 +662,8 @@ class ConstraintCore:
             # Many rows inside calls: one parallel fill; every such row is masked.
             matchers = [m.engine_matcher for _, m in engine_rows]
             self.compiler.engine.fill_bitmasks(matchers, bitmask, [r for r, _ in engine_rows])
+            for r, m in engine_rows:
+                m.ban_repeats(bitmask, r)
             masked += [r for r, _ in engine_rows]
         else:
             masked += [r for r, m in engine_rows if m.fill_bitmask(bitmask, r)]

@@ -18,6 +18,7 @@ from hermes_vllm.schema.rewrite import (
 )
 from hermes_vllm.schema.spec import JSON, ToolSchemaError, ToolSpec, pointer
 from hermes_vllm.schema.tree import CONSTRAINING, iter_subschemas
+from hermes_vllm.schema.unique import kept_kind
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ _MAX_DIVISOR = 1024
 """Largest ``multipleOf`` xgrammar 0.2.8 enforces, the only engine that enforces the keyword."""
 _MULTIPLE_OF_REASON = (
     f'enforced only on "type": "integer" with a whole divisor from 1 to {_MAX_DIVISOR} and no range '
-    "bound beside it (a bounded range of few multiples is spelled out as an enum)"
+    "bound beside it (a bounded range of few multiples, integer or number, is spelled out as an enum)"
 )
 _RANGE = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 
@@ -92,8 +93,11 @@ def uncovered_keywords(spec: ToolSpec, supported: frozenset[str]) -> list[Uncove
     found = []
     for path, sub in iter_subschemas(spec.parameters):
         where = pointer(("parameters", *path))
+        kept = {"uniqueItems"} if kept_kind(sub) else set()  # the processor keeps it (schema/unique.py)
         found += [
-            UncoveredKeyword(spec.name, where, k) for k in sub if k in CONSTRAINING and k not in supported
+            UncoveredKeyword(spec.name, where, k)
+            for k in sub
+            if k in CONSTRAINING and k not in supported and k not in kept
         ]
         found += [UncoveredKeyword(spec.name, where, k, why) for k, why in _misplaced(sub) if k in supported]
     return found

@@ -8,8 +8,9 @@ grammars (RFC 3339, RFC 5321, RFC 1123, RFC 2673, RFC 4291, RFC 4122, RFC 3986) 
 against the JSON-Schema-Test-Suite's ``optional/format`` files. Only ASCII classes are used: a
 pattern's ``\\d`` would admit other scripts' digits, which no format allows.
 
-Where a pattern cannot be exact it admits more, never less, except for the two choices noted on
-:data:`FORMAT_PATTERNS`; the README's keyword table lists each one.
+Where a pattern cannot be exact it admits more, never less, except where the client's own
+validator (pydantic) rejects what the RFC allows, noted on :data:`FORMAT_PATTERNS`; the README's
+keyword table lists each one.
 """
 
 from __future__ import annotations
@@ -42,10 +43,10 @@ _MONTH_DAY = _join(
     "02-(0[1-9]|1[0-9]|2[0-8])",
 )
 _DATE = _join(f"{_YEAR}-{_MONTH_DAY}", f"{_LEAP_YEAR}-02-29")
-# A leap second (``:60``) is valid only where the time is 23:59 in UTC; that relation between
-# the hour, the minute and the offset is finite but takes some 1,440 branches per sign, so ``60``
-# is admitted at any minute.
-_TIME = "([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+# No leap second (``:60``): RFC 3339 allows one where the time is 23:59 in UTC, but the client
+# judges the call, and pydantic's ``datetime`` and ``time`` (like Python's) reject every one.
+# These are the only valid ``date-time`` / ``time`` strings refused.
+_TIME = "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
 # RFC 3339 appendix A, rule by rule: weeks stand alone, a unit never repeats or goes back, and
 # ``T`` is followed by at least one time unit.
 _N = f"{_DIGIT}+"
@@ -141,9 +142,9 @@ FORMAT_PATTERNS: Final[dict[str, str]] = {
     }.items()
 }
 """Each enforced format's strings as a whole-match regex over the decoded string. Not exact:
-a leap second is admitted at any minute, a hostname of any total length; year 0000, a dotless
-e-mail domain and a port above 65535 are refused although the RFCs allow them (see the comments
-above)."""
+a hostname of any total length is admitted; a leap second, year 0000, a dotless e-mail domain and
+a port above 65535 are refused although the RFCs allow them, since the client's pydantic model
+rejects each (see the comments above)."""
 
 RAW_SAFE_PATTERNS: Final[dict[str, str]] = {**FORMAT_PATTERNS, "email": f"^{_EMAIL_UNQUOTED}$"}
 """The patterns for engines that match a pattern against the string's JSON spelling, escapes and

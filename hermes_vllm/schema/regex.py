@@ -24,3 +24,36 @@ def literal_characters(pattern: str) -> frozenset[str]:
         elif isinstance(node, (list, tuple, sre_parse.SubPattern)):
             todo.extend(node)
     return frozenset(found)
+
+
+def optional_groups_spelled_out(pattern: str) -> str:
+    """``pattern`` with each group made optional by ``?`` written ``{0,1}`` instead (lazy and
+    possessive forms, ``??`` ``?+``, left alone).
+
+    Both say the same; xgrammar 0.2.8 reads the first wrongly where the group ends in a repeat:
+    ``^a(b[0-9]+)?Z$`` accepted ``a6Z`` (and a ``date-time``'s seconds ``:406Z``, through
+    ``(\\.[0-9]+)?``), while ``{0,1}`` and ``(...|)`` are read right.
+    """
+    out: list[str] = []
+    escaped = closed = False
+    class_from = -1  # where the open character class's members begin; -1: outside one
+    for i, ch in enumerate(pattern):
+        if escaped:
+            escaped = closed = False
+        elif ch == "\\":
+            escaped, closed = True, False
+        elif class_from >= 0:
+            if ch == "^" and i == class_from:
+                class_from += 1
+            elif ch == "]" and i > class_from:
+                class_from = -1
+        elif ch == "[":
+            class_from, closed = i + 1, False
+        elif ch == "?" and closed and pattern[i + 1 : i + 2] not in ("?", "+"):
+            out.append("{0,1}")
+            closed = False
+            continue
+        else:
+            closed = ch == ")"
+        out.append(ch)
+    return "".join(out)

@@ -275,14 +275,15 @@ def _explicit_types(schema: JSON) -> None:
 
 
 FINITE_MULTIPLES = 256
-"""Most values a bounded integer ``multipleOf`` may have to be spelled out as an ``enum``."""
+"""Most values a bounded ``multipleOf`` may have to be spelled out as an ``enum``."""
 _RANGE = frozenset({"type", "multipleOf", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
 
 
-def _integer_bounds(sub: dict[str, JSON]) -> tuple[int | None, int | None]:
-    """The least and the greatest integer the range keywords admit (None where unbounded)."""
-    low: int | None = None
-    high: int | None = None
+def _bounds(sub: dict[str, JSON]) -> tuple[tuple[Fraction, bool] | None, tuple[Fraction, bool] | None]:
+    """The range keywords' tightest lower and upper bound, each with whether it is excluded
+    (``None`` where that side is unbounded)."""
+    low: tuple[Fraction, bool] | None = None
+    high: tuple[Fraction, bool] | None = None
     for key, exclusive, upper in (
         ("minimum", False, False), ("exclusiveMinimum", True, False),
         ("maximum", False, True), ("exclusiveMaximum", True, True),
@@ -290,42 +291,61 @@ def _integer_bounds(sub: dict[str, JSON]) -> tuple[int | None, int | None]:
         value = sub.get(key)
         if not isinstance(value, int | float) or isinstance(value, bool):
             continue
-        exact = Fraction(str(value))
+        bound = (Fraction(str(value)), exclusive)
         if upper:
-            n = math.ceil(exact) - 1 if exclusive else math.floor(exact)
-            high = n if high is None else min(high, n)
+            tighter = high is None or bound[0] < high[0] or (bound[0] == high[0] and exclusive)
+            high = bound if tighter else high
         else:
-            n = math.floor(exact) + 1 if exclusive else math.ceil(exact)
-            low = n if low is None else max(low, n)
+            tighter = low is None or bound[0] > low[0] or (bound[0] == low[0] and exclusive)
+            low = bound if tighter else low
     return low, high
 
 
-def _finite_multiples(schema: JSON) -> None:
-    """An integer ``multipleOf`` in a bounded range is a finite set: an ``enum`` of its values.
+def _multiples(sub: dict[str, JSON], unit: Fraction) -> range | None:
+    """The ``k`` whose ``k * unit`` lies in the bounded range; ``None`` where a side is open."""
+    low, high = _bounds(sub)
+    if low is None or high is None:
+        return None
+    first, last = math.ceil(low[0] / unit), math.floor(high[0] / unit)
+    first += low[1] and first * unit == low[0]
+    last -= high[1] and last * unit == high[0]
+    return range(first, last + 1)
 
-    Every engine enforces an ``enum`` (xgrammar alone enforces ``multipleOf``, and only up to a
-    divisor of 1024). Exact for ``"type": "integer"`` with both bounds and nothing else beside
-    (annotations aside), up to :data:`FINITE_MULTIPLES` values; an empty set stays as it is, for
-    the satisfiability check to name.
+
+def _finite_multiples(schema: JSON) -> None:
+    """A ``multipleOf`` in a bounded range is a finite set: an ``enum`` of its values.
+
+    Every engine enforces an ``enum`` (xgrammar alone enforces ``multipleOf``, and only on
+    integers up to a divisor of 1024). Exact for ``"type": "integer"`` with both bounds and nothing
+    else beside (annotations aside), up to :data:`FINITE_MULTIPLES` values; an empty set stays as it
+    is, for the satisfiability check to name. On ``"type": "number"`` (pydantic's
+    ``confloat(multiple_of=0.5, ge=0, le=5)``) the values are those the client's validators accept
+    too: jsonschema divides in binary floating point, so to it 0.07 is no multiple of 0.01, and
+    such a value is left out (never written; the client would refuse it). Each value is written
+    in its shortest spelling (``0.5``, ``2``).
     """
     for _, sub in iter_subschemas(schema):
         step = sub.get("multipleOf")
-        if sub.get("type") != "integer" or not set(sub) - ANNOTATIONS <= _RANGE:
+        kind = sub.get("type")
+        if kind not in ("integer", "number") or not set(sub) - ANNOTATIONS <= _RANGE:
             continue
         if not isinstance(step, int | float) or isinstance(step, bool) or step <= 0:
             continue
-        low, high = _integer_bounds(sub)
-        if low is None or high is None:
-            continue
         unit = Fraction(str(step))
-        first, last = math.ceil(low / unit), math.floor(high / unit)
-        if not 0 < last - first + 1 <= FINITE_MULTIPLES:
+        ks = _multiples(sub, unit)
+        if ks is None or not 0 < len(ks) <= FINITE_MULTIPLES:
             continue
-        values = [v * unit for v in range(first, last + 1) if (v * unit).denominator == 1]
+        exact = [k * unit for k in ks]
+        if kind == "integer":
+            values: list[int | float] = [int(v) for v in exact if v.denominator == 1]
+        else:
+            judge = Draft202012Validator({"multipleOf": step})
+            spelled = (int(v) if v.denominator == 1 else float(v) for v in exact)
+            values = [v for v in spelled if judge.is_valid(v)]
         if values:
             for key in _RANGE:
                 sub.pop(key, None)
-            sub["enum"] = [int(v) for v in values]
+            sub["enum"] = values
 
 
 UNIQUE_ARRAYS = 100

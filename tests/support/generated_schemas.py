@@ -3,12 +3,14 @@
 Most tool schemas a server sees are made from pydantic models (pydantic-ai, LangChain,
 instructor, the OpenAI Agents SDK, MCP servers), and the client validates the call it gets back
 against the same model. Each model here is of an everyday kind: discriminated unions, recursive
-models, nested and optional models, tuples, enums, literals, sets of enum members, integer
-multiples, defaults, formatted strings. Each
-comes in three forms: ``model_json_schema()`` as pydantic 2 writes it, the same with every
-annotated ``$ref`` wrapped in a one-branch ``allOf`` (what pydantic wrote before 2.9 and other
-generators still write), and ``openai.pydantic_function_tool`` (the SDK's strict form). The judge
-of a call is the model itself: :meth:`GeneratedTool.accepts`.
+models, nested and optional models, tuples, enums, literals, sets of enum members and of free
+strings and numbers, integer and number multiples, defaults, formatted strings. Each comes in
+three forms: ``model_json_schema()`` as pydantic 2 writes it, the same with every annotated
+``$ref`` wrapped in a one-branch ``allOf`` (what pydantic wrote before 2.9 and other generators
+still write), and ``openai.pydantic_function_tool`` (the SDK's strict form). Beside them, the
+tools real generators write (:mod:`support.real_generators`: LangChain's
+``convert_to_openai_tool``, MCP servers' ``list_tools``). The judge of a call is the client's
+own model: :meth:`GeneratedTool.accepts`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import copy
 import datetime
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from enum import Enum, StrEnum
@@ -128,8 +131,18 @@ class PlanMeeting(BaseModel):
     start: int = Field(default=0, multiple_of=15, ge=0, lt=60)
 
 
+class TagPost(BaseModel):
+    """Free-form sets (``uniqueItems`` the processor keeps) and stars in halves (a number
+    ``multipleOf`` in a bounded range)."""
+
+    tags: set[str] = Field(min_length=2)
+    ids: frozenset[int] = frozenset()
+    weights: set[float] | None = None
+    stars: float = Field(default=0, multiple_of=0.5, ge=0, le=5)
+
+
 MODELS: tuple[type[BaseModel], ...] = (
-    AdoptPet, AdoptMany, SaveTree, DrawShape, CreateTicket, Schedule, PlanMeeting,
+    AdoptPet, AdoptMany, SaveTree, DrawShape, CreateTicket, Schedule, PlanMeeting, TagPost,
 )  # fmt: skip
 
 
@@ -152,6 +165,9 @@ class GeneratedTool:
     model: type[BaseModel]
     form: str
     tool: dict[str, Any]
+    judge: Callable[[Any], Any] | None = None
+    """How the client validates a call, where not ``model.model_validate`` (an MCP server's
+    ``validate_arguments``)."""
 
     @property
     def name(self) -> str:
@@ -165,7 +181,7 @@ class GeneratedTool:
         """Why the client would reject ``arguments``; ``None`` when its model and jsonschema
         (with format checking, against the schema as sent) both accept them."""
         try:
-            self.model.model_validate(arguments)
+            (self.judge or self.model.model_validate)(arguments)
         except ValidationError as err:
             return f"{self.model.__name__}.model_validate: {str(err).splitlines()[0]} {err.errors()[0]}"
         checker = Draft202012Validator(
@@ -175,8 +191,9 @@ class GeneratedTool:
         return None if error is None else f"jsonschema: {error.message}"
 
 
-def generated_tools(name_suffix: str = "") -> list[GeneratedTool]:
-    """Every model in every form, each tool named after its model and form (plus ``name_suffix``)."""
+def generated_tools(name_suffix: str = "", real: bool = True) -> list[GeneratedTool]:
+    """Every model in every form, each tool named after its model and form (plus ``name_suffix``),
+    and (``real``) the tools real generators write (:mod:`.real_generators`: LangChain, MCP)."""
     out = []
     for model in MODELS:
         base = model.__name__.lower()
@@ -189,4 +206,11 @@ def generated_tools(name_suffix: str = "") -> list[GeneratedTool]:
         for form in FORMS:
             function = {"name": f"{base}_{form}{name_suffix}", "parameters": schemas[form]}
             out.append(GeneratedTool(model, form, {"type": "function", "function": function}))
+    if real:
+        from support.real_generators import LANGCHAIN, MCP, langchain_tools, mcp_tools
+
+        for form, made in ((LANGCHAIN, langchain_tools()), (MCP, mcp_tools())):
+            for model, tool, judge in made:
+                function = {**tool["function"], "name": f"{tool['function']['name']}{name_suffix}"}
+                out.append(GeneratedTool(model, form, {"type": "function", "function": function}, judge))
     return out

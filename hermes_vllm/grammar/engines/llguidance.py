@@ -56,6 +56,7 @@ from hermes_vllm.grammar.turn import ANSWER_NAME, LEAD_WHITESPACE, MARK, TurnSpe
 from hermes_vllm.schema import ToolSchemaError, ToolSpec, canonical_value, iter_subschemas
 from hermes_vllm.schema.formats import formats_as_patterns
 from hermes_vllm.schema.spec import pointer
+from hermes_vllm.schema.unique import without_kept_unique
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ def _schema(tool: ToolSpec, max_ws: int) -> dict[str, Any]:
     compares numbers by value), and objects that declare ``properties`` are closed unless they
     say otherwise: our argument policy, which llguidance (following JSON Schema) would not apply.
     """
-    schema: dict[str, Any] = canonical_value(formats_as_patterns(tool.parameters))
+    schema: dict[str, Any] = canonical_value(formats_as_patterns(without_kept_unique(tool.parameters)))
     for _, sub in iter_subschemas(schema):
         if isinstance(sub.get("properties"), dict) and not _OPENERS & sub.keys():
             sub["additionalProperties"] = False

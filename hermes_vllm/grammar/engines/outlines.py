@@ -63,6 +63,7 @@ from hermes_vllm.grammar.turn import LEAD_WHITESPACE, TurnSpec
 from hermes_vllm.schema import CONSTRAINING, ToolSpec, canonical_value, iter_subschemas
 from hermes_vllm.schema.formats import formats_as_patterns
 from hermes_vllm.schema.spec import pointer
+from hermes_vllm.schema.unique import without_kept_unique
 
 logger = logging.getLogger(__name__)
 
@@ -171,7 +172,7 @@ def _ws(n: int) -> str:
 def _call_body(tool: ToolSpec, order: str, max_ws: int) -> str:
     """``{"name": N, "arguments": ARGS}`` (or arguments first) with bounded whitespace."""
     ws = _ws(max_ws)
-    schema = _for_outlines(formats_as_patterns(tool.parameters, raw_safe=True))
+    schema = _for_outlines(formats_as_patterns(without_kept_unique(tool.parameters), raw_safe=True))
     args = build_regex_from_schema(json.dumps(schema), ws)
     name = f'"name"{ws}:{ws}{_escape(json.dumps(tool.name, ensure_ascii=False))}'
     if order == "name_first":

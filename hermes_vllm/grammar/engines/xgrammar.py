@@ -15,6 +15,7 @@ in a call cost less; docs/architecture.md, "Measurements behind the code").
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -48,7 +49,7 @@ from hermes_vllm.grammar.turn import LEAD_WHITESPACE, MARK, TurnSpec, tag_initia
 from hermes_vllm.memo import memoize_small
 from hermes_vllm.schema import ToolSpec, canonical_json, canonical_value, iter_subschemas
 from hermes_vllm.schema.formats import formats_as_patterns
-from hermes_vllm.schema.regex import literal_characters
+from hermes_vllm.schema.regex import literal_characters, optional_groups_spelled_out
 from hermes_vllm.schema.spec import pointer
 from hermes_vllm.settings import get_limits
 
@@ -93,15 +94,28 @@ def _choice(alternatives: Sequence[str]) -> str:
     return "(" + " | ".join(f"({a})" if a else '""' for a in alternatives) + ")"
 
 
+def _readable_patterns(parameters: Any) -> Any:
+    """The arguments schema with each enforced ``format`` as its pattern, and every pattern
+    spelled so that xgrammar reads it right (:func:`optional_groups_spelled_out`)."""
+    schema = formats_as_patterns(parameters, raw_safe=True)
+    if schema is parameters:
+        schema = copy.deepcopy(parameters)
+    for _, sub in iter_subschemas(schema):
+        if isinstance(sub.get("pattern"), str):
+            sub["pattern"] = optional_groups_spelled_out(sub["pattern"])
+    return schema
+
+
 @memoize_small(lambda schema, max_whitespace: len(schema))
 def _schema_rules(schema: str, max_whitespace: int) -> tuple[Mapping[str, str], frozenset[str]]:
     """xgrammar's JSON-schema conversion of one tool's parameters (canonical JSON text): its rules
     by name, and which of them are its basic JSON rules or reached from them. Memoised: agents'
     tool sets shift by a tool or two and share tools with each other, and converting was a third of
     our share of a many-tool compile (docs/architecture.md, "Measurements behind the code"). An
-    enforced ``format`` becomes its pattern here (xgrammar's own format grammars reject valid strings)."""
-    if '"format"' in schema:
-        schema = json.dumps(formats_as_patterns(json.loads(schema), raw_safe=True), ensure_ascii=False)
+    enforced ``format`` becomes its pattern here (xgrammar's own format grammars reject valid
+    strings), and every pattern is respelled where xgrammar would misread it."""
+    if '"format"' in schema or '"pattern"' in schema:
+        schema = json.dumps(_readable_patterns(json.loads(schema)), ensure_ascii=False)
     if max_whitespace == 0:  # xgrammar refuses a count of 0: compact JSON is its own option
         grammar = xgr.Grammar.from_json_schema(
             schema, any_whitespace=False, separators=(",", ":"), strict_mode=True
