@@ -429,7 +429,7 @@ def test_the_frontend_refuses_exactly_below_the_engines_reserve_mark_included(to
     assert state is not None and state.budget is not None
     reserve = state.budget.reserve
     turn = prepared_turn(state.request, "auto", get_limits())
-    shortest = turn.needs.counts(core_for(tokenizer).speller).shortest_call
+    shortest = turn.needs.shortest_call(core_for(tokenizer).speller)
     assert shortest is not None
     spelled = len(tokenizer.encode(shortest + MARK, add_special_tokens=False))
     assert reserve >= spelled + 4  # the margin's default

@@ -9,7 +9,8 @@ the frontend admits is one the engine's budget can keep), so both take them from
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from collections.abc import Callable
+from typing import Any
 
 from hermes_vllm.budget.completer import AnswerCompleter, CallCompleter
 from hermes_vllm.budget.speller import Speller
@@ -17,27 +18,10 @@ from hermes_vllm.budget.turn_budget import call_reserve
 from hermes_vllm.grammar.turn import TurnSpec
 
 
-@dataclass(frozen=True)
-class Counts:
-    """A turn's needs in one vocabulary's tokens."""
-
-    shortest_call: str | None
-    """The turn's shortest call, measured in these tokens (``None``: no tool has one)."""
-    call_reserve: tuple[int, int]
-    """Tokens the owed call keeps: dropped when cut, closed (its mark after it) when cut."""
-    lookahead: int
-    """The most one token adds to a begun call's shortest completion."""
-    answer_reserve: int
-    """Tokens the shortest answer keeps, plus the margin (0: the turn has no answer)."""
-    answer_lookahead: int
-
-    def reserve(self, close: bool) -> int:
-        """Tokens the turn keeps for its call, under the cut policy ``close`` or not."""
-        return self.call_reserve[close]
-
-
 class TurnNeeds:
-    """One turn's completers, and its :class:`Counts` per vocabulary (kept while its speller lives)."""
+    """One turn's completers, and its needs counted per vocabulary (each computed on first use,
+    kept while its speller lives: the frontend asks only for what its check reads, the engine's
+    budget for the rest)."""
 
     def __init__(self, spec: TurnSpec, margin: int) -> None:
         self.margin = margin
@@ -47,26 +31,41 @@ class TurnNeeds:
             if spec.answers and spec.answer is not None
             else None
         )
-        self._counts: weakref.WeakKeyDictionary[Speller, Counts] = weakref.WeakKeyDictionary()
+        self._counted: weakref.WeakKeyDictionary[Speller, dict[str, Any]] = weakref.WeakKeyDictionary()
 
-    def counts(self, speller: Speller) -> Counts:
-        """The needs counted in ``speller``'s tokens (computed once per speller)."""
-        found = self._counts.get(speller)
-        if found is None:
-            found = self._counts[speller] = self._count(speller)
-        return found
+    def _once(self, speller: Speller, name: str, compute: Callable[[], Any]) -> Any:
+        counted = self._counted.setdefault(speller, {})
+        if name not in counted:
+            counted[name] = compute()
+        return counted[name]
 
-    def _count(self, speller: Speller) -> Counts:
-        shortest = self.completer.shortest_call(speller.tokens)
+    def shortest_call(self, speller: Speller) -> str | None:
+        """The turn's shortest call, measured in ``speller``'s tokens (``None``: no tool has one)."""
+        result: str | None = self._once(speller, "call", lambda: self.completer.shortest_call(speller.tokens))
+        return result
+
+    def reserve(self, speller: Speller, close: bool) -> int:
+        """Tokens the owed call keeps: its shortest spelling, :data:`~hermes_vllm.budget.MARK` after
+        it where a cut call is closed, the margin (:func:`call_reserve`)."""
+        return call_reserve(self.shortest_call(speller), close, speller, self.margin)
+
+    def lookahead(self, speller: Speller) -> int:
+        """The most one token adds to a begun call's shortest completion."""
+        result: int = self._once(speller, "lookahead", lambda: self.completer.lookahead(speller.tokens))
+        return result
+
+    def answer_reserve(self, speller: Speller) -> int:
+        """Tokens the shortest answer keeps, plus the margin (0: the turn has no answer)."""
         answer = self.answer
-        answer_shortest = None if answer is None else answer.shortest(speller.tokens)
-        return Counts(
-            shortest,
-            (
-                call_reserve(shortest, False, speller, self.margin),
-                call_reserve(shortest, True, speller, self.margin),
-            ),
-            self.completer.lookahead(speller.tokens),
-            0 if answer_shortest is None else call_reserve(answer_shortest, False, speller, self.margin),
-            0 if answer is None else answer.lookahead(speller.tokens),
-        )
+        if answer is None:
+            return 0
+        shortest = self._once(speller, "answer", lambda: answer.shortest(speller.tokens))
+        return 0 if shortest is None else call_reserve(shortest, False, speller, self.margin)
+
+    def answer_lookahead(self, speller: Speller) -> int:
+        """The most one token adds to a begun answer's shortest completion (0: no answer)."""
+        answer = self.answer
+        if answer is None:
+            return 0
+        result: int = self._once(speller, "answer_lookahead", lambda: answer.lookahead(speller.tokens))
+        return result

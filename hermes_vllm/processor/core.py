@@ -91,13 +91,13 @@ def validate_request(
             "promised within max_tokens; simplify that schema"
         )
     if max_tokens is not None and speller is not None:
-        counts = turn.needs.counts(speller)
+        shortest = turn.needs.shortest_call(speller)
         reserve = turn_reserve(request, engine, speller)
-        if counts.shortest_call is not None and max_tokens < reserve:
+        if shortest is not None and max_tokens < reserve:
             mark = " and the mark of a call the budget closes" if request.budget.closes(True) else ""
             raise ValueError(
                 f"max_tokens={max_tokens} cannot hold the shortest call this tool_choice "
-                f"requires: {reserve} tokens (for {counts.shortest_call!r}{mark}, plus a margin of "
+                f"requires: {reserve} tokens (for {shortest!r}{mark}, plus a margin of "
                 f"{turn.needs.margin}, HERMES_VLLM_BUDGET_MARGIN); raise max_tokens"
             )
     return request
@@ -115,7 +115,7 @@ def _check_answer(turn: Turn, max_tokens: int | None, speller: Speller | None) -
             f"{'; '.join(unknown)}: the answer this turn owes could not be promised within "
             "max_tokens; simplify that schema"
         )
-    needed = 0 if speller is None else turn.needs.counts(speller).answer_reserve
+    needed = 0 if speller is None else turn.needs.answer_reserve(speller)
     if max_tokens is not None and max_tokens < needed:
         raise ValueError(
             f"max_tokens={max_tokens} cannot hold the shortest answer the response_format asks "
@@ -172,8 +172,8 @@ def turn_reserve(request: ConstraintRequest, engine: str, speller: Speller) -> i
     and the engine's budget count them."""
     turn = prepared_turn(request, engine, get_limits())
     spec = turn.prepared.spec
-    return turn.needs.counts(speller).reserve(
-        request.budget.closes(spec.mode == "required" or spec.answer is not None)
+    return turn.needs.reserve(
+        speller, request.budget.closes(spec.mode == "required" or spec.answer is not None)
     )
 
 
@@ -440,15 +440,14 @@ class ConstraintCore:
         required = spec.mode == "required"
         options = request.budget
         needs = prepared_turn(request, self.engine, get_limits()).needs
-        counts = needs.counts(self.speller)
         return TurnBudget(
             spec.dialect, follower, needs.completer, self.speller,
             max_tokens=max_tokens, reasoning_budget=options.turn_budget(thinking), required=required,
             # A turn owing a call or an answer closes a cut call: dropped, the reply had neither.
             close=options.closes(required or needs.answer is not None), margin=needs.margin,
-            reserve=turn_reserve(request, self.engine, self.speller), lookahead=counts.lookahead,
-            answer=needs.answer, answer_reserve=counts.answer_reserve,
-            answer_lookahead=counts.answer_lookahead,
+            reserve=turn_reserve(request, self.engine, self.speller), lookahead=needs.lookahead(self.speller),
+            answer=needs.answer, answer_reserve=needs.answer_reserve(self.speller),
+            answer_lookahead=needs.answer_lookahead(self.speller),
         )  # fmt: skip
 
     @staticmethod
