@@ -223,6 +223,55 @@ class TextFollower:
         return True
 
 
+class CallTagScanner:
+    """Where a call tag completes in free text written piece by piece, for a matcher that hands
+    the call's bytes to another automaton from there (the composed matcher at agent scale).
+
+    Reads latin-1 text (one char a byte, so offsets are the bytes'), its tags spelled the same way.
+    Free text holds no tag's begin, and a span's text no end of it (as the turn grammar says), so
+    the first tag written is the one that counts; what may yet become a tag is held back
+    (:func:`partial_tag_suffix`).
+    """
+
+    def __init__(self, dialect: Dialect) -> None:
+        self.begin = _latin1(dialect.tool_call.begin)
+        self.spans = [(_latin1(p.begin), _latin1(p.end)) for p in dialect.free_spans]
+        self.span: int | None = None
+        """The reasoning / hidden span the text is inside (its index), if any."""
+        self.carry = ""
+
+    def feed(self, piece: str) -> int | None:
+        """Offset in ``piece`` just after a completed call tag (the rest is the call's), or None."""
+        buf, base, i = self.carry + piece, len(self.carry), 0
+        while True:
+            if self.span is None:
+                tags = [(self.begin, -1), *((b, j) for j, (b, _) in enumerate(self.spans))]
+            else:
+                tags = [(self.spans[self.span][1], -2)]
+            found = [(pos, tag, kind) for tag, kind in tags if (pos := buf.find(tag, i)) >= 0]
+            if not found:
+                rest = buf[i:]
+                self.carry = rest[len(rest) - partial_tag_suffix(rest, tuple(tag for tag, _ in tags)) :]
+                return None
+            pos, tag, kind = min(found)
+            i = pos + len(tag)
+            if kind == -1:
+                self.carry = ""
+                return i - base
+            self.span = None if kind == -2 else kind
+
+    def partial_call(self) -> str:
+        """The call tag's characters still to come where the text ends inside one (else empty)."""
+        if self.span is not None:
+            return ""
+        written = partial_tag_suffix(self.carry, (self.begin,))
+        return self.begin[written:] if written else ""
+
+
+def _latin1(tag: str) -> str:
+    return tag.encode().decode("latin-1")
+
+
 def open_at_end(prompt: str, dialect: Dialect) -> Span | None:
     """The reasoning or hidden span ``prompt`` leaves open, whose body the model writes next.
 

@@ -32,11 +32,10 @@ import numpy as np
 import torch
 import xgrammar as xgr
 
-from hermes_vllm.dialect import Dialect
 from hermes_vllm.grammar.engines.base import EngineGrammar, EngineMatcher, Vocabulary
 from hermes_vllm.grammar.engines.head import MONOLITHIC, Node, SortedVocabulary, admitted, build_head, walk
 from hermes_vllm.grammar.turn import TurnSpec
-from hermes_vllm.spans import partial_tag_suffix
+from hermes_vllm.spans import CallTagScanner
 
 logger = logging.getLogger(__name__)
 
@@ -64,52 +63,6 @@ def composable(turn: TurnSpec, vocab: Vocabulary, min_tools: int) -> bool:
         and vocab.gate_allowed(d)
         and _border_free(d.tool_call.begin)
     )
-
-
-class _FreeText:
-    """Follows the text outside calls: which span is open, and when a call tag is complete.
-
-    Free text holds no tag's begin, and a span's text no end of it (as the turn grammar says), so
-    the first tag written is the one that counts. Text is read as latin-1 (one char a byte, so
-    offsets are the bytes'); what may yet become a tag is :func:`~hermes_vllm.spans.partial_tag_suffix`'s.
-    """
-
-    def __init__(self, dialect: Dialect) -> None:
-        self.begin = _latin1(dialect.tool_call.begin)
-        self.spans = [(_latin1(p.begin), _latin1(p.end)) for p in dialect.free_spans]
-        self.span: int | None = None
-        self.carry = ""
-
-    def feed(self, data: bytes) -> int | None:
-        """Offset in ``data`` just after a completed call tag (the rest is the call's), or None."""
-        buf, base, i = self.carry + data.decode("latin-1"), len(self.carry), 0
-        while True:
-            if self.span is None:
-                tags = [(self.begin, -1), *((b, j) for j, (b, _) in enumerate(self.spans))]
-            else:
-                tags = [(self.spans[self.span][1], -2)]
-            found = [(pos, tag, kind) for tag, kind in tags if (pos := buf.find(tag, i)) >= 0]
-            if not found:
-                rest = buf[i:]
-                self.carry = rest[len(rest) - partial_tag_suffix(rest, tuple(tag for tag, _ in tags)) :]
-                return None
-            pos, tag, kind = min(found)
-            i = pos + len(tag)
-            if kind == -1:
-                self.carry = ""
-                return i - base
-            self.span = None if kind == -2 else kind
-
-    def partial_call(self) -> bytes:
-        """The call tag's bytes still to come where the text ends inside one (else empty)."""
-        if self.span is not None:
-            return b""
-        written = partial_tag_suffix(self.carry, (self.begin,))
-        return self.begin[written:].encode("latin-1") if written else b""
-
-
-def _latin1(tag: str) -> str:
-    return tag.encode().decode("latin-1")
 
 
 class _Arguments:
@@ -293,7 +246,7 @@ class ComposedMatcher(EngineMatcher):
         self.history: list[int] = []
         self.head = xgr.GrammarMatcher(g.head, override_stop_tokens=list(self.stops))
         self.state = _FREE
-        self.text = _FreeText(g.turn.dialect)
+        self.text = CallTagScanner(g.turn.dialect)
         self.node = g.start
         self.path = b""
         self.tool: xgr.GrammarMatcher | None = None
@@ -336,7 +289,7 @@ class ComposedMatcher(EngineMatcher):
         return True
 
     def _accept_free(self, token_id: int, data: bytes) -> bool:
-        rest = self.text.partial_call()
+        rest = self.text.partial_call().encode("latin-1")
         if rest and token_id not in self.stops and len(data) > len(rest) and data.startswith(rest):
             after = data[len(rest) :]
             reached = walk(self.g.start, after)
@@ -347,7 +300,6 @@ class ComposedMatcher(EngineMatcher):
                 return False
             if not self.head.accept_string(data[: len(rest)]):
                 return False
-            self.text.carry = ""
             self._open_call(after, token_id)
             return True
         if not self.head.accept_token(token_id):
@@ -357,13 +309,13 @@ class ComposedMatcher(EngineMatcher):
         return True
 
     def _follow_free(self, data: bytes, token_id: int) -> None:
-        opened = self.text.feed(data)
+        opened = self.text.feed(data.decode("latin-1"))
         if opened is not None:
             self._open_call(data[opened:], token_id)
 
     def _open_call(self, data: bytes, token_id: int) -> None:
         self.state, self.node, self.path = _HEAD, self.g.start, b""
-        self.text = _FreeText(self.g.turn.dialect)
+        self.text = CallTagScanner(self.g.turn.dialect)
         if data:
             self._accept_head(token_id, data, checked=True)
 
@@ -400,7 +352,7 @@ class ComposedMatcher(EngineMatcher):
         end = self.g.turn.dialect.tool_call.end.encode()
         self.head.accept_string(PLACEHOLDER.encode() + end + after)
         self.state, self.tool, self.arguments = _FREE, None, None
-        opened = self.text.feed(after)
+        opened = self.text.feed(after.decode("latin-1"))
         if opened is not None:  # the token ends with the next call's tag
             self._open_call(after[opened:], -1)
 
@@ -426,7 +378,7 @@ class ComposedMatcher(EngineMatcher):
             view[1][row] = self.g.node_mask(self.node, self.path)
             return True
         self.head.fill_next_token_bitmask(bitmask, row)
-        rest = self.text.partial_call()
+        rest = self.text.partial_call().encode("latin-1")
         if rest:
             crossing, allowed = self.g.crossing(rest)
             out = view[1][row] & ~crossing
@@ -438,7 +390,7 @@ class ComposedMatcher(EngineMatcher):
     def _may_open(self) -> bool:
         """Whether the head grammar lets the partly written call tag be completed here."""
         probe = self.head.fork()
-        return bool(probe.accept_string(self.text.partial_call()))
+        return bool(probe.accept_string(self.text.partial_call().encode("latin-1")))
 
     def rollback(self, num_tokens: int) -> None:
         history = self.history[: len(self.history) - num_tokens] if num_tokens > 0 else self.history
