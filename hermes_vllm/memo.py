@@ -16,7 +16,7 @@ import functools
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from typing import ParamSpec, TypeVar
+from typing import Generic, ParamSpec, TypeVar
 
 CHARS = 8 * 1024 * 1024
 """Total length of the inputs each memo keeps: some thirty agents' 400-tool sets, or tens of
@@ -28,14 +28,6 @@ MAX_CHARS = 1024 * 1024
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-_CLEARS: list[Callable[[], None]] = []
-
-
-def clear_memos() -> None:
-    """Empty every memo, so that a benchmark can measure a tool set's first request again."""
-    for clear in _CLEARS:
-        clear()
 
 
 class _SizedLru:
@@ -69,25 +61,32 @@ class _SizedLru:
             self._size = 0
 
 
-def memoize_small(size: Callable[..., int]) -> Callable[[Callable[P, R]], Callable[P, R]]:
-    """Memoise ``fn`` by its (hashable) arguments, ``size(...)`` being the length of a call's input
-    (see the module docstring for the bounds)."""
+class SizedMemo(Generic[P, R]):
+    """``fn`` memoised by its (hashable) arguments, ``size(...)`` being the length of a call's input
+    (see the module docstring for the bounds); made by :func:`memoize_small`."""
 
-    def wrap(fn: Callable[P, R]) -> Callable[P, R]:
-        memo = _SizedLru(CHARS)
-        _CLEARS.append(memo.clear)
+    def __init__(self, fn: Callable[P, R], size: Callable[..., int]) -> None:
+        functools.update_wrapper(self, fn)
+        self._fn = fn
+        self._size = size
+        self._memo = _SizedLru(CHARS)
 
-        @functools.wraps(fn)
-        def call(*args: P.args, **kwargs: P.kwargs) -> R:
-            n = size(*args, **kwargs)
-            if n > MAX_CHARS:
-                return fn(*args, **kwargs)
-            key = (args, tuple(sorted(kwargs.items()))) if kwargs else args
-            return memo.get(key, max(n, MIN_CHARS), lambda: fn(*args, **kwargs))  # type: ignore[return-value]
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        n = self._size(*args, **kwargs)
+        if n > MAX_CHARS:
+            return self._fn(*args, **kwargs)
+        key = (args, tuple(sorted(kwargs.items()))) if kwargs else args
+        return self._memo.get(key, max(n, MIN_CHARS), lambda: self._fn(*args, **kwargs))  # type: ignore[return-value]
 
-        return call
+    def cache_clear(self) -> None:
+        """Empty the memo (as ``functools.lru_cache``'s), so that a benchmark can measure a tool
+        set's first request again."""
+        self._memo.clear()
 
-    return wrap
+
+def memoize_small(size: Callable[..., int]) -> Callable[[Callable[P, R]], SizedMemo[P, R]]:
+    """Decorator: :class:`SizedMemo` of the function, ``size(...)`` being a call's input length."""
+    return lambda fn: SizedMemo(fn, size)
 
 
 K = TypeVar("K", bound=Hashable)

@@ -177,3 +177,6 @@ def test_request_memos_never_hold_maximum_size_inputs() -> None:
     check(others[-1])
     check(large)
     assert seen == [large]
+    check.cache_clear()  # a benchmark's first request again
+    check(others[-1])
+    assert seen == [large, others[-1]]

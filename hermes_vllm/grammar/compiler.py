@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from hermes_vllm.constraint import ARGS_KEY, ConstraintRequest, constraint_args, decode_constraint
-from hermes_vllm.dialect import Dialect, available_dialects, get_dialect
+from hermes_vllm.constraint import ConstraintRequest
+from hermes_vllm.dialect import Dialect, get_dialect
 from hermes_vllm.grammar.cache import GrammarCache
 from hermes_vllm.grammar.engines import get_engine_class
 from hermes_vllm.grammar.engines.base import (
@@ -124,10 +124,10 @@ def prepare_constraint(
 ) -> PreparedTurn:
     """:func:`prepare_turn` of a request's decoded constraint, memoised by its JSON text.
 
-    The one memo of prepared turns: the logits processor passes a request's constraint,
-    :meth:`ToolGrammarCompiler.prepare` the constraint of its arguments. Agents resend the same
-    tools with every turn, and preparing them again (normalising, rewriting, coverage) costs
-    milliseconds for a large tool set.
+    The one memo of prepared turns, for the logits processor's admission and its frontend check,
+    which both pass the constraint the request's ``extra_args`` were decoded into once. Agents
+    resend the same tools with every turn, and preparing them again (normalising, rewriting,
+    coverage) costs milliseconds for a large tool set.
     """
     return prepare_turn(
         list(request.tools), request.tool_choice, request.parallel_tool_calls, request.dialect,
@@ -415,23 +415,14 @@ class ToolGrammarCompiler:
     ) -> PreparedTurn:
         """Validate and normalise a request (synchronous); raises :class:`ToolSchemaError`.
 
-        Memoised by the JSON of the arguments (:func:`prepare_constraint`) where they are JSON and
-        name a built-in dialect; anything else is prepared directly, which explains what is wrong.
+        Not memoised as a whole (each tool's checks are, :func:`~hermes_vllm.schema.read_tools`):
+        the processor's path, which sees the same tool set turn after turn, goes through
+        :func:`prepare_constraint` with the request it decoded once.
         """
-        d, cov = get_dialect(dialect or self.dialect), coverage or self.coverage
-        built_in = d.name in available_dialects() and get_dialect(d.name) == d
-        if isinstance(tools, (list, tuple)) and built_in and cov in ("strict", "lenient"):
-            try:
-                raw = constraint_args(tools, tool_choice, parallel_tool_calls, d.name, cov)[ARGS_KEY]
-            except (TypeError, ValueError):  # not JSON: the direct path below says what is wrong
-                pass
-            else:
-                return prepare_constraint(
-                    decode_constraint(raw), type(self.engine), self.limits, admitted=admitted
-                )
         return prepare_turn(
-            tools, tool_choice, parallel_tool_calls, d, cov, type(self.engine), self.limits, admitted=admitted
-        )
+            tools, tool_choice, parallel_tool_calls, dialect or self.dialect, coverage or self.coverage,
+            type(self.engine), self.limits, admitted=admitted,
+        )  # fmt: skip
 
     def submit(self, prepared: PreparedTurn) -> Future[EngineGrammar]:
         """Start (or join) the compile of ``prepared`` on the background pool."""
