@@ -42,7 +42,7 @@ def measure(core: ConstraintCore, tokenizer: Any, text: str, repeat: int) -> dic
     core.step(torch.zeros((1, core.vocab_size)), [(0, state, [])])
     for token in tokenizer.encode(text, add_special_tokens=False):
         core.step(torch.zeros((1, core.vocab_size)), [(0, state, [token])])
-    matcher = state.matcher
+    matcher = state.engine.matcher
     assert matcher is not None and state.failed is None
     engine, guarded = [], []
     for _ in range(repeat):

@@ -209,7 +209,7 @@ def test_a_row_with_an_answer_is_masked_from_its_first_token(tokenizer: Any) -> 
     vocab_size = len(tokenizer)
     core = ConstraintCore(lambda: tokenizer, vocab_size)
     state = core.admit(constraint_args([ADD], "auto", answer=ANSWER), [tokenizer.eos_token_id])
-    assert state is not None and not state.gated
+    assert state is not None and not state.gate.on
     logits = torch.zeros((1, vocab_size))
     core.step(logits, [(0, state, [])])
     allowed = {t for t in range(vocab_size) if logits[0, t] > float("-inf")}

@@ -368,7 +368,7 @@ def test_a_required_row_left_alone_inside_reasoning_masks_exactly_like_the_engin
         budgeted.step(a, [(0, fast, new)])
         plain.step(b, [(0, slow, new)])
         assert torch.equal(a, b), f"step {step}: masks differ"
-        paused += fast.paused is not None
+        paused += fast.engine.paused is not None
     assert fast.failed is None and slow.failed is None
     assert paused >= 5, "the row was never left alone"
 

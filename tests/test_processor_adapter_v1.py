@@ -118,7 +118,7 @@ def test_v1_adapter_waits_for_async_placeholders(vllm_config: Any, tokenizer: An
     state, _ = proc.rows[0]
     assert state.consumed == len(plan) and state.failed is None
     # The turn ends after the call, in free text: the engine is off again, at a clean point.
-    assert state.matcher is None and not state.pending
+    assert state.engine.matcher is None and not state.gate.pending
 
 
 def test_v1_adapter_replays_a_resumed_request(vllm_config: Any, tokenizer: Any) -> None:

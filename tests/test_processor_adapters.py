@@ -117,7 +117,7 @@ def test_v2_adapter_rows_reorder_and_slots_recycle(
     play_step(proc, calls, False, random_logits(3, width, 0), context([3, 5, 6]))
     assert proc.slots[3].consumed == len(a.plan) and proc.slots[3].failed is None
     # After its call the turn is in free text again: the gate has switched the engine off.
-    assert proc.slots[3].matcher is None and not proc.slots[3].pending
+    assert proc.slots[3].engine.matcher is None and not proc.slots[3].gate.pending
 
     # Slot 3 finishes; a plain request reuses it and must not be touched.
     runner.admit(3, prompt)

@@ -80,7 +80,7 @@ def test_a_closing_tag_inside_an_unfinished_argument_keeps_the_call_constrained(
         core.step(torch.zeros((1, len(tokenizer))), [(0, state, [token])])
     logits = torch.zeros((1, len(tokenizer)))
     core.step(logits, [(0, state, [])])
-    assert state.matcher is not None and state.failed is None
+    assert state.engine.matcher is not None and state.failed is None
     assert not torch.isfinite(logits[0, tokenizer.eos_token_id]), "the call is unfinished: no end of turn"
 
 

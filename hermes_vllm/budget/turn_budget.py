@@ -83,11 +83,15 @@ class Progress:
     """Forced text not yet written."""
     utf8: int = 0
     """Continuation bytes the text's last character still needs."""
+    planned: int = -1
+    """The position last planned for (:meth:`TurnBudget.plan`): a token fed at another position
+    (a row resumed after preemption replays its output) is planned for first."""
 
     def copy(self) -> Progress:
         return Progress(
-            self.need, self.answer_text, self.span_tokens, self.reasoning_spent, self.forcing, self.utf8
-        )
+            self.need, self.answer_text, self.span_tokens, self.reasoning_spent, self.forcing, self.utf8,
+            self.planned,
+        )  # fmt: skip
 
 
 class TurnBudget:
@@ -283,6 +287,7 @@ class TurnBudget:
         text stands (inside a call or its tag, inside a reasoning/hidden span, in free text).
         ``NOTHING`` (the object itself) where the budget demands nothing.
         """
+        self.progress.planned = consumed
         if self.progress.forcing:
             return Plan(self.progress.forcing)
         left = self.max_tokens - consumed
@@ -291,6 +296,11 @@ class TurnBudget:
         if self.tail.open is not None:
             return self._plan_span(left)
         return self._plan_free(left)
+
+    def skip_plan(self, consumed: int) -> None:
+        """Count position ``consumed`` as planned without planning it: a draft path that is
+        restored afterwards, where what the position's fill would force does not matter."""
+        self.progress.planned = consumed
 
     def _plan_call(self, left: int) -> Plan:
         """Inside a call or its opening tag: steer it to its shortest completion once one more

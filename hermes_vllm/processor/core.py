@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import cached_property
 from typing import Any
@@ -216,69 +216,121 @@ PROMPT_TAIL = 256
 
 
 @dataclass(slots=True)
-class RowState:
-    """One constrained request's progress."""
+class Gate:
+    """A row's text since its last clean point, and what the row watches for: the part that lets
+    a gated row (``auto`` mode) run without its engine outside calls (module docstring)."""
 
-    request: ConstraintRequest
-    prepared: PreparedTurn
-    future: Future[EngineGrammar]
-    stop_ids: tuple[int, ...]
-    gated: bool
-    """Whether the row may leave the engine off outside calls (``auto`` mode)."""
+    on: bool
+    """Whether the row may leave the engine off outside calls (``auto`` mode); turned off for
+    good once the one call a turn allows is made."""
     follower: TextFollower
     """The row's text since its last clean point, read by the gate and the budget (which feeds
     it, where the row has one)."""
-    matcher: ToolCallMatcher | None = None
-    """The engine's matcher while switched on; ``None`` while the gate alone watches the row."""
-    consumed: int = 0
-    """Output tokens already seen."""
     pending: list[int] = field(default_factory=list)
     """Tokens since the last clean point: replayed into a fresh matcher when the engine switches on
     (an engine-only row's: the prompt's open span, fed first)."""
     watch: bytes = b""
     """While gated: only tokens holding one of these bytes can change anything (empty: check all)."""
-    failed: str | None = None
     quiet: bool = False
     """Gated, engine off, at a clean point: a new token matters only if it holds a watched byte.
     Kept up to date by :meth:`ConstraintCore.advance`, so that a step tests one field a row."""
-    budget: TurnBudget | None = None
-    """The row's token budgets (span budgets, call reserve, closing cut calls)."""
     quiet_until: int = UNWATCHED
     """From this many consumed tokens on, the budget reads every token: the row is never quiet."""
-    planned: int = -1
-    """The position the budget last planned for (see :meth:`ConstraintCore.advance`)."""
+
+    def copy(self) -> Gate:
+        return replace(self, follower=self.follower.copy(), pending=list(self.pending))
+
+    def clean(self, watch: bytes) -> None:
+        """At a clean point: nothing to replay, and only a tag's first byte matters."""
+        self.pending.clear()
+        self.watch = watch
+
+    def stop(self) -> None:
+        """The row failed: nothing to watch or replay any more."""
+        self.quiet = False
+        self.pending = []
+
+
+@dataclass(slots=True)
+class EngineState:
+    """Where a row's grammar engine stands: its matcher, and whether the row is over."""
+
+    matcher: ToolCallMatcher | None = None
+    """The engine's matcher while switched on; ``None`` while the gate alone watches the row."""
+    failed: str | None = None
+    """Why the row was stopped (a refused token, a failed compile): only its stop tokens are
+    allowed from then on, never unconstrained text."""
+    ended: bool = False
+    """The engine accepted a stop token: the turn is over, only stop tokens are allowed (an
+    engine refuses to mask after its end; vLLM asks for no mask there, a row kept on may)."""
     paused: np.ndarray | None = None
     """An engine-only row inside a reasoning span (:meth:`TurnBudget.in_quiet_span`): the mask
     the engine gave there, reused while the engine is left alone."""
     paused_bans: torch.Tensor | None = None
     """The tokens that mask bans, when they are few (:data:`SPARSE_BANS_MAX`)."""
-    refused_stops: tuple[str, ...] = ()
+
+    def copy(self) -> EngineState:
+        """The matcher is shared: engines cannot copy one (a restore rolls it back by its count of
+        accepted tokens)."""
+        return replace(
+            self,
+            paused=None if self.paused is None else self.paused.copy(),
+            paused_bans=None if self.paused_bans is None else self.paused_bans.clone(),
+        )
+
+    def fail(self, reason: str) -> None:
+        self.failed = reason
+        self.matcher = None
+
+    def pause(self, mask: np.ndarray, width: int) -> None:
+        """Keep ``mask`` for the span's content, and its bans where they are few."""
+        self.paused = mask
+        bits = np.unpackbits(mask.view(np.uint8), bitorder="little")[:width]
+        bans = np.flatnonzero(bits == 0)
+        self.paused_bans = torch.from_numpy(bans) if bans.size <= SPARSE_BANS_MAX else None
+
+    def resume(self) -> None:
+        self.paused = self.paused_bans = None
+
+
+@dataclass(slots=True)
+class RowState:
+    """One constrained request's row: what admission fixed (shared by copies), how many output
+    tokens it has seen, and its three parts: :class:`Gate`, :class:`EngineState` and its
+    :class:`TurnBudget`, each with its own ``copy()``."""
+
+    request: ConstraintRequest
+    prepared: PreparedTurn
+    future: Future[EngineGrammar]
+    stop_ids: tuple[int, ...]
+    refused_stops: tuple[str, ...]
     """The request's stop strings (latin-1): no token may complete one inside a call, nor before
     the call a ``required`` turn owes."""
-    ended: bool = False
-    """The engine accepted a stop token: the turn is over, only stop tokens are allowed (an
-    engine refuses to mask after its end; vLLM asks for no mask there, a row kept on may)."""
-    refused_in_calls: tuple[str, ...] = ()
+    refused_in_calls: tuple[str, ...]
     """The reasoning tag, refused inside calls when vLLM's own thinking budget watches the row
     (vLLM would start counting a span there and force its closing tag into the call)."""
+    gate: Gate
+    engine: EngineState = field(default_factory=EngineState)
+    budget: TurnBudget | None = None
+    """The row's token budgets (span budgets, call reserve, closing cut calls)."""
+    consumed: int = 0
+    """Output tokens already seen."""
 
     @property
     def dialect(self) -> Dialect:
         return self.prepared.spec.dialect
 
+    @property
+    def failed(self) -> str | None:
+        """Why the row was stopped, if it was (:attr:`EngineState.failed`)."""
+        return self.engine.failed
+
     def copy(self) -> RowState:
-        """The row as it stands, to be restored after a draft path: its own containers, text
-        follower and budget progress; the matcher is shared (engines cannot copy one: a restore
-        rolls it back by its count of accepted tokens)."""
-        follower = self.follower.copy()
-        return RowState(
-            self.request, self.prepared, self.future, self.stop_ids, self.gated, follower, self.matcher,
-            self.consumed, list(self.pending), self.watch, self.failed, self.quiet,
-            None if self.budget is None else self.budget.copy(follower), self.quiet_until, self.planned,
-            None if self.paused is None else self.paused.copy(),
-            None if self.paused_bans is None else self.paused_bans.clone(),
-            self.refused_stops, self.ended, self.refused_in_calls,
-        )  # fmt: skip
+        """The row as it stands, to be restored after a draft path: its parts copied by their own
+        ``copy()`` (the budget following the copied gate's text), the rest fixed at admission."""
+        gate = self.gate.copy()
+        budget = None if self.budget is None else self.budget.copy(gate.follower)
+        return replace(self, gate=gate, engine=self.engine.copy(), budget=budget)
 
 
 class ConstraintCore:
@@ -374,11 +426,11 @@ class ConstraintCore:
             # The tag shares a token with the text before it: no grammar state to start from.
             logger.warning("hermes-vllm: the prompt's open span starts inside a token; starting in free text")
             return
-        state.pending = tail[first:]  # replayed (gated) or fed first (engine-only) into the matcher
+        state.gate.pending = tail[first:]  # replayed (gated) or fed first (engine-only) into the matcher
         for piece in pieces[first:]:
             self._follow(state, piece)
-        if state.gated:
-            state.quiet = False
+        if state.gate.on:
+            state.gate.quiet = False
             self._regate(state)
 
     def admit(
@@ -417,10 +469,13 @@ class ConstraintCore:
         if max_tokens is not None and budgeted:
             budget = self._budget(request, spec, follower, max_tokens, thinking_budget)
         watch = self._begin_bytes(spec.dialect) if gated else b""
+        gate = Gate(
+            gated, follower, watch=watch, quiet=gated,
+            quiet_until=UNWATCHED if budget is None else budget.watch_from,
+        )  # fmt: skip
         state = RowState(
-            request, prepared, compiler.submit(prepared), stops, gated, follower, watch=watch, quiet=gated,
-            budget=budget, quiet_until=UNWATCHED if budget is None else budget.watch_from,
-            refused_stops=refused_stops, refused_in_calls=refused_in_calls,
+            request, prepared, compiler.submit(prepared), stops, refused_stops, refused_in_calls, gate,
+            budget=budget,
         )  # fmt: skip
         if gated and watch not in self._quiet_watches:
             self._quiet_watches.add(watch)
@@ -462,18 +517,18 @@ class ConstraintCore:
         there (the rest of a closing completion, its mark) is forced again after resumption.
         """
         budget = state.budget
-        if (budget is not None or state.gated) and new_tokens and state.failed is None:
+        if (budget is not None or state.gate.on) and new_tokens and state.engine.failed is None:
             latin1 = self.compiler.vocab.latin1
             for i, token in enumerate(new_tokens):
-                if budget is not None and state.consumed + i != state.planned:
+                if budget is not None and budget.progress.planned != state.consumed + i:
                     budget.plan(state.consumed + i)
                 self._follow(state, latin1[token] if 0 <= token < len(latin1) else "")
             if budget is not None:
-                state.quiet_until = budget.watch_from
+                state.gate.quiet_until = budget.watch_from
         self._advance(state, new_tokens)
-        state.quiet = (
-            state.gated and state.matcher is None and bool(state.watch) and not state.pending
-        ) and state.failed is None
+        gate, engine = state.gate, state.engine
+        engine_off = engine.matcher is None and engine.failed is None
+        gate.quiet = engine_off and gate.on and bool(gate.watch) and not gate.pending
 
     @staticmethod
     def _follow(state: RowState, piece: str) -> None:
@@ -482,32 +537,32 @@ class ConstraintCore:
         if state.budget is not None:
             state.budget.feed(piece)
         else:
-            state.follower.feed(piece)
+            state.gate.follower.feed(piece)
 
     def _advance(self, state: RowState, new_tokens: Sequence[int]) -> None:
         if not new_tokens:
             return
         state.consumed += len(new_tokens)
-        if state.failed is not None:
+        if state.engine.failed is not None:
             return
-        if not state.gated:
-            if state.paused is not None:
+        if not state.gate.on:
+            if state.engine.paused is not None:
                 assert state.budget is not None
                 if state.budget.in_quiet_span():
                     return  # the span's content does not move the grammar: the engine waits
-                state.paused = state.paused_bans = None
+                state.engine.resume()
             self._feed_engine(state, new_tokens)
             return
-        if state.matcher is not None:
+        if state.engine.matcher is not None:
             self._feed_engine(state, new_tokens)
-        if state.watch:
-            holds = self._watch_array(state.watch)
+        if state.gate.watch:
+            holds = self._watch_array(state.gate.watch)
             if not any(holds[t] for t in new_tokens if 0 <= t < len(holds)):
                 # Nothing a tag could be made of: the row's situation is unchanged.
-                if state.pending or state.matcher is not None:
-                    state.pending.extend(new_tokens)
+                if state.gate.pending or state.engine.matcher is not None:
+                    state.gate.pending.extend(new_tokens)
                 return
-        state.pending.extend(new_tokens)
+        state.gate.pending.extend(new_tokens)
         self._regate(state)
 
     def _watch_array(self, watch: bytes) -> np.ndarray:
@@ -517,39 +572,38 @@ class ConstraintCore:
 
     def _regate(self, state: RowState) -> None:
         """Decide from where the row's text stands whether the engine must run."""
-        follower = state.follower
+        follower = state.gate.follower
         tail = follower.tail
         if tail.open is not None:
             if tail.open.kind == "call":
                 self._switch_on(state)
             # Inside a call or a reasoning/hidden span, only its end tag changes the situation.
             assert tail.open.tags is not None
-            state.watch = b"" if tail.end_begun else tail.open.tags.end[:1].encode()
+            state.gate.watch = b"" if tail.end_begun else tail.open.tags.end[:1].encode()
             return
         if tail.begun is not None:
             if tail.begun == "call":
                 self._switch_on(state)
-            state.watch = b""
+            state.gate.watch = b""
             return
         if (follower.calls or tail.calls) and not state.prepared.spec.parallel:
             # The one allowed call is made: the engine keeps refusing another to the end.
-            state.gated = False
+            state.gate.on = False
             self._switch_on(state)
             return
         # A clean point: the grammar is in its initial state again.
-        state.pending.clear()
-        state.matcher = None
-        state.watch = self._begin_bytes(state.dialect)
+        state.gate.clean(self._begin_bytes(state.dialect))
+        state.engine.matcher = None
 
     def _switch_on(self, state: RowState) -> None:
         """Engine on: a fresh matcher replays the tokens since the last clean point."""
-        if state.matcher is not None:
+        if state.engine.matcher is not None:
             return
         compiled = self._compiled(state)
         if compiled is None:
             return
-        state.matcher = compiled.matcher(state.stop_ids, gated=False)
-        self._feed_engine(state, state.pending)
+        state.engine.matcher = compiled.matcher(state.stop_ids, gated=False)
+        self._feed_engine(state, state.gate.pending)
 
     def _compiled(self, state: RowState) -> CompiledToolGrammar | None:
         try:
@@ -559,25 +613,23 @@ class ConstraintCore:
             return None
 
     def _feed_engine(self, state: RowState, tokens: Sequence[int]) -> None:
-        if state.matcher is None:  # an engine-only row's first step
+        if state.engine.matcher is None:  # an engine-only row's first step
             compiled = self._compiled(state)
             if compiled is None:
                 return
-            state.matcher = compiled.matcher(state.stop_ids, gated=False)
-            tokens, state.pending = [*state.pending, *tokens], []  # the prompt's open span first
+            state.engine.matcher = compiled.matcher(state.stop_ids, gated=False)
+            tokens, state.gate.pending = [*state.gate.pending, *tokens], []  # the prompt's open span first
         for token in tokens:
-            if not state.matcher.accept_token(token):
+            if not state.engine.matcher.accept_token(token):
                 self._fail(state, f"sampled token {token} is outside the grammar")
                 return
-        state.ended = bool(tokens) and state.matcher.is_terminated()
+        state.engine.ended = bool(tokens) and state.engine.matcher.is_terminated()
 
     def _fail(self, state: RowState, reason: str) -> None:
         """Stop the row: from now on only its stop tokens are allowed, never unconstrained text."""
         logger.error("hermes-vllm: ending a constrained request: %s", reason)
-        state.failed = reason
-        state.quiet = False
-        state.matcher = None
-        state.pending = []
+        state.engine.fail(reason)
+        state.gate.stop()
 
     def step(
         self, logits: torch.Tensor, updates: Sequence[tuple[int, RowState, Sequence[int]]]
@@ -594,7 +646,7 @@ class ConstraintCore:
         quiet_tokens: list[int] = []
         active: list[tuple[int, RowState]] = []
         for row, state, tokens in updates:
-            if state.quiet and len(tokens) == 1 and state.consumed < state.quiet_until:
+            if state.gate.quiet and len(tokens) == 1 and state.consumed < state.gate.quiet_until:
                 quiet_rows.append(row)
                 quiet_states.append(state)
                 quiet_tokens.append(tokens[0])
@@ -647,14 +699,14 @@ class ConstraintCore:
         for row, state in rows:
             kind, plan = self.decide(state)
             if kind is Fill.ENGINE:
-                assert state.matcher is not None
-                engine_rows.append((row, state.matcher))
-            elif kind is Fill.PAUSED and sparse_ok and state.paused_bans is not None:
-                sparse.append((row, state.paused_bans))
+                assert state.engine.matcher is not None
+                engine_rows.append((row, state.engine.matcher))
+            elif kind is Fill.PAUSED and sparse_ok and state.engine.paused_bans is not None:
+                sparse.append((row, state.engine.paused_bans))
             elif kind is not Fill.FREE:
                 self.fill_decided(bitmask, row, state, kind, plan, width)
-                if kind is Fill.PAUSE and sparse_ok and state.paused_bans is not None:
-                    sparse.append((row, state.paused_bans))
+                if kind is Fill.PAUSE and sparse_ok and state.engine.paused_bans is not None:
+                    sparse.append((row, state.engine.paused_bans))
                 else:
                     masked.append(row)
         if len(engine_rows) >= BATCH_FILL_MIN:
@@ -678,26 +730,25 @@ class ConstraintCore:
         :meth:`fill_decided`'s: a forced text the grammar refuses is dropped, a row entering a
         quiet span is paused with the mask.
         """
-        if state.ended:
+        if state.engine.ended:
             return Fill.STOPS, NOTHING
         budget = state.budget
-        if budget is not None and state.failed is None:
+        if budget is not None and state.engine.failed is None:
             plan = budget.plan(state.consumed)
-            state.planned = state.consumed
             if plan is not NOTHING or self._refused(state, budget):
-                if state.matcher is None and not state.gated:
+                if state.engine.matcher is None and not state.gate.on:
                     self._feed_engine(state, ())
-                if state.failed is None:
+                if state.engine.failed is None:
                     return Fill.BUDGETED, plan
-        if state.failed is None and state.matcher is None:
-            if state.gated:
+        if state.engine.failed is None and state.engine.matcher is None:
+            if state.gate.on:
                 return Fill.FREE, NOTHING
             self._feed_engine(state, ())  # first step of an engine-only row: wait for its grammar
-        if state.failed is not None:
+        if state.engine.failed is not None:
             return Fill.STOPS, NOTHING
-        if state.paused is not None:
+        if state.engine.paused is not None:
             return Fill.PAUSED, NOTHING
-        if budget is None or state.gated or not budget.in_quiet_span():
+        if budget is None or state.gate.on or not budget.in_quiet_span():
             return Fill.ENGINE, NOTHING
         return Fill.PAUSE, NOTHING
 
@@ -714,18 +765,15 @@ class ConstraintCore:
             assert kind in (Fill.PAUSE, Fill.PAUSED), kind
             if kind is Fill.PAUSE:
                 self._pause(bitmask, row, state, width)
-            assert state.paused is not None
-            bitmask[row].numpy()[:] = state.paused
+            assert state.engine.paused is not None
+            bitmask[row].numpy()[:] = state.engine.paused
 
     def _pause(self, bitmask: torch.Tensor, row: int, state: RowState, width: int) -> None:
         """Fill the row from the engine once more and keep that mask for the span's content."""
-        assert state.matcher is not None
-        if not state.matcher.fill_bitmask(bitmask, row):
+        assert state.engine.matcher is not None
+        if not state.engine.matcher.fill_bitmask(bitmask, row):
             bitmask[row].fill_(-1)
-        state.paused = bitmask[row].numpy().copy()
-        bits = np.unpackbits(state.paused.view(np.uint8), bitorder="little")[:width]
-        bans = np.flatnonzero(bits == 0)
-        state.paused_bans = torch.from_numpy(bans) if bans.size <= SPARSE_BANS_MAX else None
+        state.engine.pause(bitmask[row].numpy().copy(), width)
 
     def _fill_budgeted(self, bitmask: torch.Tensor, row: int, state: RowState, plan: Plan) -> None:
         """The row's mask as the grammar has it, narrowed by what its budget demands.
@@ -735,7 +783,7 @@ class ConstraintCore:
         """
         budget = state.budget
         assert budget is not None
-        if state.matcher is None or not state.matcher.fill_bitmask(bitmask, row):
+        if state.engine.matcher is None or not state.engine.matcher.fill_bitmask(bitmask, row):
             bitmask[row].fill_(-1)
         words = bitmask[row].numpy()
         if plan.force:
@@ -755,7 +803,7 @@ class ConstraintCore:
         if refused:
             bits = words.view(np.uint32)
             before = bits.copy()
-            for token in self._completing(state.follower.recent, refused):
+            for token in self._completing(state.gate.follower.recent, refused):
                 bits[token >> 5] &= np.uint32(0xFFFFFFFF ^ (1 << (token & 31)))
             if not bits.any():  # the grammar itself spells the refused text here: it must pass
                 bits[:] = before

@@ -54,12 +54,13 @@ class _Snapshot:
 
     @classmethod
     def take(cls, state: RowState, terminated: bool) -> _Snapshot:
-        accepted = state.matcher.accepted if state.matcher is not None else 0
+        matcher = state.engine.matcher
+        accepted = matcher.accepted if matcher is not None else 0
         return cls(state.copy(), accepted, terminated)
 
     @property
     def matcher(self) -> ToolCallMatcher | None:
-        return self.copy.matcher
+        return self.copy.engine.matcher
 
     def row(self) -> RowState:
         """A fresh row as the snapshot was taken (a snapshot may be restored more than once)."""
@@ -122,8 +123,8 @@ class RowHost:
         """Feed one token; False when it put the row out of its grammar. ``plan=False``: the
         budget does not plan the token's position first (a path that is restored afterwards)."""
         failed = state.failed
-        if not plan:
-            state.planned = state.consumed
+        if not plan and state.budget is not None:
+            state.budget.skip_plan(state.consumed)
         self.core.advance(state, (token,))
         return failed is not None or state.failed is None
 
@@ -152,7 +153,7 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
 
     def _restore(self, snapshot: _Snapshot) -> None:
         row = snapshot.row()
-        matcher = row.matcher
+        matcher = row.engine.matcher
         if matcher is not None and matcher.accepted > snapshot.accepted:
             matcher.rollback(matcher.accepted - snapshot.accepted)
         self._state = row
@@ -229,8 +230,8 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         with host.lock:
             self._undone, self._undone_tokens = [], []
             state = self._state
-            matcher = state.matcher
-            if matcher is not None and not state.gated and state.paused is None and state.failed is None:
+            matcher, engine = state.engine.matcher, state.engine
+            if matcher is not None and not state.gate.on and engine.paused is None and engine.failed is None:
                 return tokens[: self._valid_on_matcher(matcher, tokens)]
             start = self._snapshot()
             valid = 0
@@ -266,8 +267,9 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         """Ask a running matcher first, so that a refused draft is not reported as a row the core
         had to end (it would log one, and the path is restored anyway). A paused row's matcher
         lags behind its span on purpose; the core never feeds it the span's content."""
-        matcher = self._state.matcher
-        if matcher is None or self._state.paused is not None or self._state.failed is not None:
+        engine = self._state.engine
+        matcher = engine.matcher
+        if matcher is None or engine.paused is not None or engine.failed is not None:
             return True
         if not matcher.accept_token(token):
             return False
