@@ -19,11 +19,9 @@ from pydantic import BaseModel, Field
 from support.soundness import tool
 
 from hermes_vllm import constraint_args
-from hermes_vllm.dialect import get_dialect
 from hermes_vllm.grammar import ToolGrammarCompiler, ToolSchemaError
 from hermes_vllm.processor.core import ConstraintCore
 from hermes_vllm.schema import normalize_tool
-from hermes_vllm.spans import split_spans
 from hermes_vllm.testing.adversary import SAMPLERS, Scenario, run
 
 
@@ -114,9 +112,9 @@ def test_worst_case_calls_satisfy_the_clients_own_model(tokenizer: Any) -> None:
         for choice, extra in (("required", 0), ("order", 5), ("required", 30)):
             outcome = run(core, tokenizer, Scenario([ORDER], choice, state.budget.reserve + extra), sampler)
             assert outcome.kept(None), (sampler, choice, extra, outcome)
-            for span in split_spans(outcome.text, get_dialect("hermes"), strict=True):
-                if span.kind == "call":
-                    Order.model_validate(json.loads(span.body)["arguments"])
+            assert len(outcome.payloads) == outcome.calls, outcome
+            for payload in outcome.payloads:
+                Order.model_validate(payload["arguments"])
 
 
 class Rate(BaseModel):
@@ -160,8 +158,7 @@ def test_number_multiples_hold_under_the_worst_case(tokenizer: Any) -> None:
         for choice, extra in (("required", 0), ("rate", 5), ("required", 30)):
             outcome = run(core, tokenizer, Scenario([RATE], choice, state.budget.reserve + extra), sampler)
             assert outcome.kept(None), (sampler, choice, extra, outcome)
-            for span in split_spans(outcome.text, get_dialect("hermes"), strict=True):
-                if span.kind == "call":
-                    arguments = json.loads(span.body)["arguments"]
-                    Rate.model_validate(arguments)
-                    check.validate(arguments)
+            assert len(outcome.payloads) == outcome.calls, outcome
+            for payload in outcome.payloads:
+                Rate.model_validate(payload["arguments"])
+                check.validate(payload["arguments"])

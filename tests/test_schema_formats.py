@@ -32,7 +32,6 @@ from hermes_vllm.processor.core import ConstraintCore
 from hermes_vllm.schema import normalize_tool
 from hermes_vllm.schema.formats import FORMAT_PATTERNS, RAW_SAFE_PATTERNS
 from hermes_vllm.schema.regex import literal_characters, optional_groups_spelled_out
-from hermes_vllm.spans import split_spans
 from hermes_vllm.testing.adversary import SAMPLERS, Scenario, run
 
 ENFORCED = ("date-time", "date", "time", "duration", "email", "hostname", "ipv4", "ipv6", "uuid", "uri")
@@ -222,11 +221,10 @@ def assert_clients_model_accepts(engine: str, tokenizer: Any, plays: list[tuple[
         for choice, extra in plays:
             outcome = run(core, tokenizer, Scenario([BOOKING], choice, reserve + extra), sampler, seed=extra)
             assert outcome.kept(None), (sampler, choice, extra, outcome)
-            for span in split_spans(outcome.text, HERMES, strict=True):
-                if span.kind == "call":
-                    arguments = json.loads(span.body)["arguments"]
-                    Booking.model_validate(arguments)
-                    checker.validate(arguments)
+            assert len(outcome.payloads) == outcome.calls, outcome
+            for payload in outcome.payloads:
+                Booking.model_validate(payload["arguments"])
+                checker.validate(payload["arguments"])
 
 
 def test_worst_case_calls_satisfy_the_clients_own_model_as_served(tiny_model_qwen3: Path) -> None:

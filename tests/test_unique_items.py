@@ -215,11 +215,10 @@ def test_worst_case_calls_hold_distinct_members(tokenizer: Any) -> None:
         for choice, extra in (("required", 0), ("notify", 6), ("required", 40)):
             outcome = run(core, tokenizer, Scenario([NOTIFY], choice, state.budget.reserve + extra), sampler)
             assert outcome.kept(None), (sampler, choice, extra, outcome)
-            for span in split_spans(outcome.text, get_dialect("hermes"), strict=True):
-                if span.kind == "call":
-                    arguments = json.loads(span.body)["arguments"]
-                    validator.validate(arguments)
-                    Notify.model_validate(arguments)
+            assert len(outcome.payloads) == outcome.calls, outcome
+            for payload in outcome.payloads:
+                validator.validate(payload["arguments"])
+                Notify.model_validate(payload["arguments"])
 
 
 def test_the_completer_writes_distinct_items() -> None:
