@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 import xgrammar as xgr
+from plot import line_chart
 from support.budget_scenarios import WEATHER as TOOL
 from transformers import AutoTokenizer
 from vllm import SamplingParams
@@ -129,23 +130,15 @@ def measure(model: Path, batches: list[int], steps: int, repeats: int) -> dict[s
 
 
 def plot(figures: dict[str, dict[str, float]], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for kind, by_batch in figures.items():
-        xs = sorted(int(k) for k in by_batch)
-        ax.plot(xs, [by_batch[str(x)] / 1000 for x in xs], marker="o", label=kind)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("constrained rows in the batch")
-    ax.set_ylabel("ms per step, CPU (median)")
-    ax.set_title(title, fontsize=9)
-    ax.set_ylim(bottom=0)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
+    in_ms = {kind: {b: us / 1000 for b, us in by_batch.items()} for kind, by_batch in figures.items()}
+    line_chart(
+        in_ms,
+        path,
+        xlabel="constrained rows in the batch",
+        ylabel="ms per step, CPU (median)",
+        title=title,
+        log2_x=True,
+    )
 
 
 def main() -> None:

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import torch
+from plot import line_chart
 from transformers import AutoTokenizer
 from vllm import SamplingParams
 
@@ -72,21 +73,12 @@ def step_us(finished: int, steps: int, model: Path) -> float:
 
 
 def plot(results: dict[str, dict[str, float]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for label, by_finished in results.items():
-        xs = sorted(int(k) for k in by_finished)
-        ax.plot(xs, [by_finished[str(x)] for x in xs], marker="o", label=label)
-    ax.set_xlabel(f"finished constrained requests still in slots (of {SLOTS})")
-    ax.set_ylabel(f"us per step, {LIVE} live rows (median)")
-    ax.set_ylim(bottom=0)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
+    line_chart(
+        results,
+        path,
+        xlabel=f"finished constrained requests still in slots (of {SLOTS})",
+        ylabel=f"us per step, {LIVE} live rows (median)",
+    )
 
 
 def main() -> None:

@@ -25,7 +25,6 @@ from hermes_vllm.grammar import ToolGrammarCompiler
 from hermes_vllm.grammar.engines.composed import ComposedGrammar
 from hermes_vllm.processor.core import ConstraintCore
 from hermes_vllm.schema import normalize_tool
-from hermes_vllm.spans import split_spans
 from hermes_vllm.testing.adversary import SAMPLERS, Scenario, run
 
 HERMES = get_dialect("hermes")
@@ -91,11 +90,10 @@ def _played(
         core, tokenizer, Scenario(offered, choice, state.budget.reserve + extra), sampler, seed=extra
     )
     assert outcome.kept(None), (sampler, choice, extra, outcome)
+    assert len(outcome.payloads) == outcome.calls, outcome
     by_name = {g.name: g for g in tools}
-    for span in split_spans(outcome.text, HERMES, strict=True):
-        if span.kind == "call":
-            payload = json.loads(span.body)
-            assert by_name[payload["name"]].accepts(payload["arguments"]) is None, (sampler, outcome.text)
+    for payload in outcome.payloads:
+        assert by_name[payload["name"]].accepts(payload["arguments"]) is None, (sampler, outcome.text)
 
 
 def test_seeded_worst_case_over_the_corpus(tokenizer: Any) -> None:

@@ -17,14 +17,10 @@ import pytest
 from jsonschema import Draft202012Validator
 from pydantic import BaseModel, Field
 from support.soundness import tool
+from support.worst_case import worst_case_arguments
 
-from hermes_vllm import constraint_args
-from hermes_vllm.dialect import get_dialect
 from hermes_vllm.grammar import ToolGrammarCompiler, ToolSchemaError
-from hermes_vllm.processor.core import ConstraintCore
 from hermes_vllm.schema import normalize_tool
-from hermes_vllm.spans import split_spans
-from hermes_vllm.testing.adversary import SAMPLERS, Scenario, run
 
 
 class Order(BaseModel):
@@ -107,16 +103,10 @@ def test_auto_refuses_a_multiple_in_a_turn_llguidance_must_compile(tokenizer: An
 def test_worst_case_calls_satisfy_the_clients_own_model(tokenizer: Any) -> None:
     """Every sampler, ``required`` and named, from the reserve up: ``Order.model_validate``
     accepts each call (the tool was refused before)."""
-    core = ConstraintCore(lambda: tokenizer, len(tokenizer), engine="auto")
-    state = core.admit(constraint_args([ORDER], "required"), [], max_tokens=1000)
-    assert state is not None and state.budget is not None
-    for sampler in SAMPLERS:
-        for choice, extra in (("required", 0), ("order", 5), ("required", 30)):
-            outcome = run(core, tokenizer, Scenario([ORDER], choice, state.budget.reserve + extra), sampler)
-            assert outcome.kept(None), (sampler, choice, extra, outcome)
-            for span in split_spans(outcome.text, get_dialect("hermes"), strict=True):
-                if span.kind == "call":
-                    Order.model_validate(json.loads(span.body)["arguments"])
+    for arguments in worst_case_arguments(
+        tokenizer, ORDER, [("required", 0), ("order", 5), ("required", 30)]
+    ):
+        Order.model_validate(arguments)
 
 
 class Rate(BaseModel):
@@ -152,16 +142,7 @@ def test_every_engine_enforces_a_bounded_range_of_number_multiples(tokenizer: An
 def test_number_multiples_hold_under_the_worst_case(tokenizer: Any) -> None:
     """Every sampler, ``required`` and named, from the reserve up: ``Rate.model_validate`` and
     jsonschema accept each call (the tool was refused before)."""
-    core = ConstraintCore(lambda: tokenizer, len(tokenizer), engine="auto")
-    state = core.admit(constraint_args([RATE], "required"), [], max_tokens=1000)
-    assert state is not None and state.budget is not None
     check = Draft202012Validator(Rate.model_json_schema())
-    for sampler in SAMPLERS:
-        for choice, extra in (("required", 0), ("rate", 5), ("required", 30)):
-            outcome = run(core, tokenizer, Scenario([RATE], choice, state.budget.reserve + extra), sampler)
-            assert outcome.kept(None), (sampler, choice, extra, outcome)
-            for span in split_spans(outcome.text, get_dialect("hermes"), strict=True):
-                if span.kind == "call":
-                    arguments = json.loads(span.body)["arguments"]
-                    Rate.model_validate(arguments)
-                    check.validate(arguments)
+    for arguments in worst_case_arguments(tokenizer, RATE, [("required", 0), ("rate", 5), ("required", 30)]):
+        Rate.model_validate(arguments)
+        check.validate(arguments)

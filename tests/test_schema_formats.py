@@ -23,17 +23,14 @@ from jsonschema import Draft202012Validator
 from pydantic import AnyUrl, BaseModel, EmailStr, HttpUrl, TypeAdapter, ValidationError
 from support.corpus import load_suite_file, suite_dir
 from support.soundness import tool
+from support.worst_case import worst_case_arguments
 
-from hermes_vllm import constraint_args
 from hermes_vllm.budget import CallCompleter
 from hermes_vllm.dialect import get_dialect
 from hermes_vllm.grammar import ToolGrammarCompiler
-from hermes_vllm.processor.core import ConstraintCore
 from hermes_vllm.schema import normalize_tool
 from hermes_vllm.schema.formats import FORMAT_PATTERNS, RAW_SAFE_PATTERNS
 from hermes_vllm.schema.regex import literal_characters, optional_groups_spelled_out
-from hermes_vllm.spans import split_spans
-from hermes_vllm.testing.adversary import SAMPLERS, Scenario, run
 
 ENFORCED = ("date-time", "date", "time", "duration", "email", "hostname", "ipv4", "ipv6", "uuid", "uri")
 """OpenAI strict mode's formats and ``uri``: the ones the issue asks for, each with a suite file."""
@@ -211,22 +208,12 @@ BOOKING = {"type": "function", "function": {"name": "book", "parameters": Bookin
 def assert_clients_model_accepts(engine: str, tokenizer: Any, plays: list[tuple[str, int]]) -> None:
     """Each play ``(choice, budget above the reserve)`` by every sampler: the owed call is there,
     and ``Booking.model_validate`` and jsonschema with its format checker accept every call."""
-    core = ConstraintCore(lambda: tokenizer, len(tokenizer), engine=engine)
-    state = core.admit(constraint_args([BOOKING], "required"), [], max_tokens=1000)
-    assert state is not None and state.budget is not None
-    reserve = state.budget.reserve
     checker = Draft202012Validator(
         Booking.model_json_schema(), format_checker=Draft202012Validator.FORMAT_CHECKER
     )
-    for sampler in SAMPLERS:
-        for choice, extra in plays:
-            outcome = run(core, tokenizer, Scenario([BOOKING], choice, reserve + extra), sampler, seed=extra)
-            assert outcome.kept(None), (sampler, choice, extra, outcome)
-            for span in split_spans(outcome.text, HERMES, strict=True):
-                if span.kind == "call":
-                    arguments = json.loads(span.body)["arguments"]
-                    Booking.model_validate(arguments)
-                    checker.validate(arguments)
+    for arguments in worst_case_arguments(tokenizer, BOOKING, plays, engine=engine, seeded=True):
+        Booking.model_validate(arguments)
+        checker.validate(arguments)
 
 
 def test_worst_case_calls_satisfy_the_clients_own_model_as_served(tiny_model_qwen3: Path) -> None:

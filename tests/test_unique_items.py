@@ -15,6 +15,7 @@ import pytest
 import torch
 from jsonschema import Draft202012Validator
 from pydantic import BaseModel, Field
+from support.worst_case import worst_case_arguments
 
 from hermes_vllm import constraint_args
 from hermes_vllm.budget import CallCompleter
@@ -23,7 +24,6 @@ from hermes_vllm.grammar import ToolGrammarCompiler
 from hermes_vllm.processor.core import ConstraintCore, validate_request
 from hermes_vllm.schema import normalize_tool
 from hermes_vllm.spans import split_spans
-from hermes_vllm.testing.adversary import SAMPLERS, Scenario, run
 
 
 class Channel(StrEnum):
@@ -207,19 +207,12 @@ def test_what_the_processor_cannot_keep_is_still_refused_by_name(tokenizer: Any)
 def test_worst_case_calls_hold_distinct_members(tokenizer: Any) -> None:
     """Every sampler, ``required`` and named, from the reserve up: jsonschema (``uniqueItems``
     as sent) and ``Notify.model_validate`` accept each call (the tool was refused before)."""
-    core = ConstraintCore(lambda: tokenizer, len(tokenizer), engine="auto")
-    state = core.admit(constraint_args([NOTIFY], "required"), [], max_tokens=1000)
-    assert state is not None and state.budget is not None
     validator = Draft202012Validator(Notify.model_json_schema())
-    for sampler in SAMPLERS:
-        for choice, extra in (("required", 0), ("notify", 6), ("required", 40)):
-            outcome = run(core, tokenizer, Scenario([NOTIFY], choice, state.budget.reserve + extra), sampler)
-            assert outcome.kept(None), (sampler, choice, extra, outcome)
-            for span in split_spans(outcome.text, get_dialect("hermes"), strict=True):
-                if span.kind == "call":
-                    arguments = json.loads(span.body)["arguments"]
-                    validator.validate(arguments)
-                    Notify.model_validate(arguments)
+    for arguments in worst_case_arguments(
+        tokenizer, NOTIFY, [("required", 0), ("notify", 6), ("required", 40)]
+    ):
+        validator.validate(arguments)
+        Notify.model_validate(arguments)
 
 
 def test_the_completer_writes_distinct_items() -> None:

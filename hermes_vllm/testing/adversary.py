@@ -97,6 +97,13 @@ class Outcome:
     """The reply's content (outside spans and calls) is a whole answer valid for its schema."""
     calls: int = 0
     """Complete calls, each valid for its tool."""
+    payloads: list[dict[str, Any]] = field(default_factory=list)
+    """The parsed JSON (``{"name": ..., "arguments": ...}``) of each call counted in
+    :attr:`calls`, in the reply's order. The judge parses every call to check it against its
+    tool's schema; it keeps what it parsed so that a test checking the calls further (the
+    client's own pydantic model, a format checker) reads them here instead of splitting
+    :attr:`text` into spans and parsing each call again. Not written by the worst-case
+    benchmark's rows (they name their fields)."""
     invalid: list[str] = field(default_factory=list)
     """Why a closed call was not valid (or not the named tool)."""
     cut: bool = False
@@ -556,6 +563,7 @@ def _judge(
             outcome.invalid.append(f"{type(err).__name__}: {str(err)[:200]}")
             continue
         outcome.calls += 1
+        outcome.payloads.append(payload)
     outcome.spans = span_token_counts(token_ids, tokenizer)
 
 
