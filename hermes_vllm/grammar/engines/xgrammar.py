@@ -237,6 +237,15 @@ def turn_ebnf(
             rules.append((f"{name}_star", _choice(["", f"{name}_tag turn_text {name}_star"])))
         return f"turn_text {name}_star"
 
+    def after_lead(body: str) -> str:
+        """``body`` after the reasoning / hidden spans that may lead the turn (each after some
+        whitespace), where a turn's free text is not free."""
+        if not spans:
+            return body
+        rules.append(("turn_lead_span", _choice(spans)))
+        rules.append(("turn_lead", _choice(["", f"{lead} turn_lead_span turn_lead"])))
+        return f"turn_lead {body}"
+
     if after_call is not None:
         body = f"{after_call(gap)} {free_text(turn.parallel)}"
     elif turn.answer is not None:
@@ -250,14 +259,7 @@ def turn_ebnf(
             rules.append(("turn_calls", _choice([mark, f"{lead} turn_call turn_calls"])))
             calls = "turn_call turn_calls"
         ending = {"auto": _choice([calls, answer]), "required": calls, "none": answer}[turn.mode]
-        body = f"{lead} {ending} {lead}"
-        if spans:
-            rules += [
-                ("turn_lead_span", _choice(spans)),
-                ("turn_lead", _choice(["", f"{lead} turn_lead_span turn_lead"])),
-            ]
-            body = f"turn_lead {body}"
-        rules.append(("root", f"(({body}))"))
+        rules.append(("root", f"(({after_lead(f'{lead} {ending} {lead}')}))"))
         return join_rules(rules)
     elif turn.mode == "none":
         body = free_text(False)
@@ -267,13 +269,7 @@ def turn_ebnf(
         rules.append(("turn_then", _choice(["", f"turn_call {free_text(False)}"])))
         body = f"{free_text(False)} turn_then"
     else:
-        body = f"{lead} turn_call {free_text(turn.parallel)}"
-        if spans:
-            rules += [
-                ("turn_lead_span", _choice(spans)),
-                ("turn_lead", _choice(["", f"{lead} turn_lead_span turn_lead"])),
-            ]
-            body = f"turn_lead {body}"
+        body = after_lead(f"{lead} turn_call {free_text(turn.parallel)}")
     if spans:  # the output may end inside an unclosed span
         rules.append(
             (
