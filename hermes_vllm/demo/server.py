@@ -22,6 +22,7 @@ import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +71,31 @@ def _wait_healthy(proc: subprocess.Popen[bytes], url: str, timeout: float, log: 
             pass
         time.sleep(0.5)
     raise ServerError(f"vLLM server not healthy after {timeout:.0f} s:\n{_log_tail(log)}")
+
+
+_WITH_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None).prctl(1, signal.SIGTERM)\n"  # PR_SET_PDEATHSIG, kept across exec
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit(1)\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
+"""Run the rest of argv once the kernel is asked to SIGTERM it when its parent dies (the parent's
+pid first: a parent that died before the request leaves nothing to run)."""
+
+
+def spawn(cmd: Sequence[str], env: Mapping[str, str], out: IO[bytes]) -> subprocess.Popen[bytes]:
+    """Start ``cmd`` (its first item an absolute path) in a session of its own, its output to ``out``.
+
+    A session of its own lets :func:`_stop` stop the process group, engines included, and means the
+    server outlives a caller that dies without stopping it: a test run killed by a signal (SIGKILL
+    above all, which no handler sees) left its servers running. On Linux the process therefore
+    asks for SIGTERM when its parent dies, so the server shuts down by itself. The parent is the
+    thread that started it: call this from a thread that outlives the server.
+    """
+    if sys.platform.startswith("linux"):
+        cmd = [sys.executable, "-c", _WITH_PARENT, str(os.getpid()), *cmd]
+    return subprocess.Popen(cmd, env=dict(env), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _stop(proc: subprocess.Popen[bytes], grace: float) -> None:
@@ -124,13 +150,7 @@ def openai_server(
     cmd += ["--host", "127.0.0.1", "--port", str(port), *args]
     logger.info("starting vLLM server on port %d (log %s): %s", port, log_path, " ".join(cmd))
     with log_path.open("wb") as out:
-        proc = subprocess.Popen(
-            cmd,
-            env={**os.environ, **(env or {})},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        proc = spawn(cmd, {**os.environ, **(env or {})}, out)
     try:
         _wait_healthy(proc, f"http://127.0.0.1:{port}/health", startup_timeout, log_path)
         yield f"http://127.0.0.1:{port}/v1"

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from hermes_vllm.demo.server import _stop
+from hermes_vllm.demo.server import _stop, spawn
 
 
 @contextmanager
@@ -25,9 +25,7 @@ def headless_engine(
     """Run a headless engine with ``args`` (the ``--data-parallel-*`` flags among them) and ``env``."""
     cmd = [sys.executable, "-m", __name__, "--model", str(model), "--headless", *args]
     with log_path.open("wb") as out:
-        proc = subprocess.Popen(
-            cmd, env=dict(env), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        proc = spawn(cmd, env, out)
     try:
         yield proc
     finally:
