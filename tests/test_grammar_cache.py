@@ -11,8 +11,10 @@ from typing import Any
 
 import pytest
 
+from hermes_vllm.constraint import constraint_args, parse_constraint
 from hermes_vllm.grammar import GrammarCompileError, ToolGrammarCompiler
 from hermes_vllm.grammar.cache import GrammarCache
+from hermes_vllm.grammar.compiler import PreparedTurn, prepare_constraint
 from hermes_vllm.settings import Limits
 
 
@@ -110,7 +112,8 @@ def test_tokenizers_differing_only_in_special_tags_share_no_grammar(tiny_model: 
 def test_a_tool_set_prepared_before_is_not_normalised_again(
     tokenizer: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Agents resend their tools every turn: equal arguments (as JSON) reuse the prepared turn."""
+    """Agents resend their tools every turn: an equal constraint (as the request's JSON, decoded
+    once at admission) reuses the prepared turn and its grammar."""
     import hermes_vllm.grammar.compiler as compiler_module
 
     calls = []
@@ -122,12 +125,22 @@ def test_a_tool_set_prepared_before_is_not_normalised_again(
 
     monkeypatch.setattr(compiler_module, "read_tools", counting)
     compiler = ToolGrammarCompiler(tokenizer)
+    engine, limits = type(compiler.engine), compiler.limits
+
+    def prepared(tools: list[dict[str, Any]], choice: str = "auto") -> PreparedTurn:
+        request = parse_constraint(constraint_args(tools, choice))
+        assert request is not None
+        return prepare_constraint(request, engine, limits, admitted=True)
+
     tools = [tool("prepared_once", 3)]
-    first = compiler.compile(tools)
-    again = compiler.compile(copy.deepcopy(tools))
-    assert len(calls) == 1 and again.prepared is first.prepared and again.grammar is first.grammar
-    compiler.compile(tools, tool_choice="required")
+    first = prepared(tools)
+    again = prepared(copy.deepcopy(tools))
+    assert len(calls) == 1 and again is first
+    compile_ = compiler.submit(first)
+    assert compiler.submit(again) is compile_
+    compiler.result(first, compile_)  # not left running at exit
+    prepared(tools, "required")
     changed = copy.deepcopy(tools)
     changed[0]["function"]["parameters"]["properties"]["p0"]["type"] = "string"
-    assert compiler.compile(changed).prepared != first.prepared
+    assert prepared(changed) != first
     assert len(calls) == 3, "tool_choice and the schemas are part of the key"
