@@ -55,6 +55,8 @@ def test_the_call_ends_at_the_first_closing_tag_after_its_arguments(arguments: s
 def test_a_backslash_ending_a_piece_escapes_the_next_pieces_first_character() -> None:
     pieces = [' {"q": "x\\', '"}</tool_call>', '"}}</tool_call>z']
     assert _after(pieces) == "z"
+    pieces = [' {"q": "x\\', "n", '"}}</tool_call>z']  # the escaped character is the whole piece
+    assert _after(pieces) == "z"
 
 
 def test_a_closing_tag_split_across_pieces_ends_the_call_in_its_last_piece() -> None:
