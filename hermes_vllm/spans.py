@@ -28,33 +28,61 @@ class Span:
     tags: TagPair | None = None
 
 
+class _Depth:
+    """Brackets' depth in JSON (or Python-literal) text read piece by piece, strings skipped: the
+    one depth reader of a payload, for :func:`payload_end` (finished text, both quote styles) and
+    :class:`CallEndScanner` (a call being written, JSON's quote only).
+
+    A backslash in a string escapes the next character, in the next piece if it ends this one.
+    """
+
+    __slots__ = ("depth", "quote", "quotes", "skip")
+
+    def __init__(self, quotes: str) -> None:
+        self.quotes = quotes
+        """The characters that open (and close) a string."""
+        self.depth = 0
+        self.quote = ""
+        """The open string's quote, if any."""
+        self.skip = 0
+        """Characters of the next piece escaped by the last one."""
+
+    def feed(self, text: str, i: int = 0) -> int | None:
+        """Index in ``text`` just past the bracket that brings the depth back to 0 (the object,
+        from ``text[i]`` on, is closed), or None: all of ``text`` read, the object still open."""
+        depth, quote, quotes = self.depth, self.quote, self.quotes
+        if quote and not self.skip and quote not in text and "\\" not in text:
+            return None  # inside a string to its end: most of a call's pieces, read at C speed
+        i += self.skip
+        n = len(text)
+        while i < n:
+            ch = text[i]
+            if quote:
+                if ch == "\\":
+                    i += 1
+                elif ch == quote:
+                    quote = ""
+            elif ch in quotes:
+                quote = ch
+            elif ch in "{[":
+                depth += 1
+            elif ch in "}]":
+                depth -= 1
+                if depth == 0:
+                    self.depth, self.quote, self.skip = 0, "", 0
+                    return i + 1
+            i += 1
+        self.depth, self.quote, self.skip = depth, quote, i - n
+        return None
+
+
 def payload_end(text: str, pos: int) -> int | None:
     """Index just past the balanced JSON (or Python-literal) object starting at ``text[pos]``.
 
     Brackets inside strings do not count; both quote styles are understood so that legacy
     Python-repr payloads scan too. ``None`` when the object is not closed.
     """
-    depth = 0
-    quote = ""
-    i = pos
-    n = len(text)
-    while i < n:
-        ch = text[i]
-        if quote:
-            if ch == "\\":
-                i += 1
-            elif ch == quote:
-                quote = ""
-        elif ch in "\"'":
-            quote = ch
-        elif ch in "{[":
-            depth += 1
-        elif ch in "}]":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-        i += 1
-    return None
+    return _Depth("\"'").feed(text, pos)
 
 
 def _call_end(text: str, body_start: int, end_tag: str, strict: bool = False) -> tuple[int, int] | None:
@@ -266,6 +294,41 @@ class CallTagScanner:
             return ""
         written = partial_tag_suffix(self.carry, (self.begin,))
         return self.begin[written:] if written else ""
+
+
+class CallEndScanner:
+    """Where a call ends in its text written piece by piece, read from its arguments' colon on, for
+    a matcher that handed the call's bytes to another automaton and takes the text back after it
+    (the composed matcher at agent scale, whose tool grammar holds the call's end).
+
+    Reads latin-1 text (one char a byte, so offsets are the bytes'), the closing tag spelled the
+    same way. The text is what the tool grammar admits: the arguments' JSON value, the call
+    object's ``}``, the closing tag. So the arguments close where the depth comes back to 0 outside
+    strings (:func:`payload_end`'s reader, JSON's quote only) and the call at the first closing tag
+    after that, as :func:`split_spans` reads a finished call: a closing tag inside a string, or a
+    tag split across pieces, is read where the grammar reads it.
+    """
+
+    __slots__ = ("depth", "end", "tail")
+
+    def __init__(self, dialect: Dialect) -> None:
+        self.end = _latin1(dialect.tool_call.end)
+        self.depth = _Depth('"')
+        self.tail: str | None = None
+        """The text since the arguments closed (None while they are open)."""
+
+    def feed(self, piece: str) -> int | None:
+        """Offset in ``piece`` just after the call's closing tag (the rest is free text), or None."""
+        i = 0
+        if self.tail is None:
+            closed = self.depth.feed(piece)
+            if closed is None:
+                return None
+            i, self.tail = closed, ""
+        before = len(self.tail)
+        self.tail += piece[i:]
+        at = self.tail.find(self.end)
+        return None if at < 0 else i + at + len(self.end) - before
 
 
 def _latin1(tag: str) -> str:

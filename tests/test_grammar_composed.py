@@ -1,8 +1,9 @@
 """The composed matcher (many tools on xgrammar) against its oracle, the grammar of every tool.
 
-At every step of BFCL ground-truth calls (either key order, with broken copies) and of random
-walks over the allowed tokens, the composed mask equals the monolithic mask bit for bit, both
-accept the same token, and both agree on whether the output may end.
+At every step of BFCL ground-truth calls (either key order, with broken copies, with a closing
+tag inside a string) and of random walks over the allowed tokens, the composed mask equals the
+monolithic mask bit for bit, both accept the same token, and both agree on whether the output
+may end.
 """
 
 from __future__ import annotations
@@ -94,6 +95,9 @@ def _texts(calls: dict[str, str], begin: str, end: str) -> list[str]:
             f"x {broken}",
             call.replace('"', '"zz', 2),
         ]
+        tagged = args.replace(': "', ': "' + end + '\\"}', 1)  # a closing tag and a quote in a string
+        if tagged != args:
+            texts.append(call.replace(args, tagged, 1) + " done")
     return texts
 
 

@@ -15,8 +15,10 @@ The head grammar follows the free text (it ends calls and spans as the monolithi
 and is told each finished call as the placeholder. A token that completes a partly written call
 tag and goes on into the head is decided by the automaton; one that goes past the arguments'
 colon by the tool's grammar; one that ends a call and goes on is the tool's grammar's (it holds
-the text after a call). The masks are those of the monolithic grammar, bit for bit
-(``tests/test_grammar_composed.py``), where :func:`composable` holds.
+the text after a call). Where a call tag completes in the free text, and where the call ends,
+is read by :mod:`hermes_vllm.spans` (``CallTagScanner``, ``CallEndScanner``). The masks are
+those of the monolithic grammar, bit for bit (``tests/test_grammar_composed.py``), where
+:func:`composable` holds.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import xgrammar as xgr
 from hermes_vllm.grammar.engines.base import EngineGrammar, EngineMatcher, Vocabulary
 from hermes_vllm.grammar.engines.head import MONOLITHIC, Node, SortedVocabulary, admitted, build_head, walk
 from hermes_vllm.grammar.turn import TurnSpec
-from hermes_vllm.spans import CallTagScanner
+from hermes_vllm.spans import CallEndScanner, CallTagScanner
 
 logger = logging.getLogger(__name__)
 
@@ -63,41 +65,6 @@ def composable(turn: TurnSpec, vocab: Vocabulary, min_tools: int) -> bool:
         and vocab.gate_allowed(d)
         and _border_free(d.tool_call.begin)
     )
-
-
-class _Arguments:
-    """Follows a call from the arguments' colon: where the arguments' object closes (depth back to
-    0 outside strings), then where the call's end tag is complete."""
-
-    def __init__(self, end: bytes) -> None:
-        self.end = end
-        self.depth = 0
-        self.string = self.escape = self.closed = False
-        self.tail = b""
-
-    def feed(self, data: bytes) -> int | None:
-        """Offset in ``data`` just after the call's end tag, or None while the call is open."""
-        i = 0
-        while not self.closed and i < len(data):
-            c = data[i]
-            i += 1
-            if self.string:
-                self.escape, self.string = (False, True) if self.escape else (c == 0x5C, c != 0x22)
-            elif c == 0x22:
-                self.string = True
-            elif c in b"{[":
-                self.depth += 1
-            elif c in b"]}":
-                self.depth -= 1
-                self.closed = self.depth == 0
-        if not self.closed:
-            return None
-        before = len(self.tail)
-        self.tail += data[i:]
-        pos = self.tail.find(self.end)
-        if pos < 0:
-            return None
-        return i + pos + len(self.end) - before
 
 
 class ComposedGrammar(EngineGrammar):
@@ -250,7 +217,7 @@ class ComposedMatcher(EngineMatcher):
         self.node = g.start
         self.path = b""
         self.tool: xgr.GrammarMatcher | None = None
-        self.arguments: _Arguments | None = None
+        self.call: CallEndScanner | None = None
         self.mono: xgr.GrammarMatcher | None = None
 
     @property
@@ -282,7 +249,7 @@ class ComposedMatcher(EngineMatcher):
             if token_id in self.stops or not data:
                 return False
             return self._accept_head(token_id, data)
-        assert self.tool is not None and self.arguments is not None
+        assert self.tool is not None and self.call is not None
         if not self.tool.accept_token(token_id):
             return False
         self._follow_call(data)
@@ -337,21 +304,21 @@ class ComposedMatcher(EngineMatcher):
         if node.exit is not None:
             self.state = _TOOL
             self.tool = self.g.tool_matcher(node.exit, self.stops)
-            self.arguments = _Arguments(self.g.turn.dialect.tool_call.end.encode())
+            self.call = CallEndScanner(self.g.turn.dialect)
             if rest:
                 self.tool.accept_string(rest)
                 self._follow_call(rest)
         return True
 
     def _follow_call(self, data: bytes) -> None:
-        assert self.arguments is not None
-        closed = self.arguments.feed(data)
+        assert self.call is not None
+        closed = self.call.feed(data.decode("latin-1"))
         if closed is None:
             return
         after = data[closed:]
         end = self.g.turn.dialect.tool_call.end.encode()
         self.head.accept_string(PLACEHOLDER.encode() + end + after)
-        self.state, self.tool, self.arguments = _FREE, None, None
+        self.state, self.tool, self.call = _FREE, None, None
         opened = self.text.feed(after.decode("latin-1"))
         if opened is not None:  # the token ends with the next call's tag
             self._open_call(after[opened:], -1)

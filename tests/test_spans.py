@@ -1,0 +1,136 @@
+"""spans' readers of where a call ends: :func:`payload_end` over finished text, and
+:class:`CallEndScanner` over a call written piece by piece (the composed matcher's), which must
+read it as :func:`split_spans` reads the finished call."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from itertools import pairwise
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hermes_vllm.dialect import Dialect, TagPair, get_dialect
+from hermes_vllm.spans import CallEndScanner, payload_end, split_spans
+
+HERMES = get_dialect("hermes")
+
+
+def _after(pieces: list[str], dialect: Dialect = HERMES) -> str | None:
+    """The text after the call's closing tag as the scanner splits the pieces (None: still open)."""
+    scanner = CallEndScanner(dialect)
+    for k, piece in enumerate(pieces):
+        at = scanner.feed(piece)
+        if at is not None:
+            assert 0 < at <= len(piece)
+            return piece[at:] + "".join(pieces[k + 1 :])
+    return None
+
+
+def _cuts(text: str) -> list[list[str]]:
+    """``text`` whole, a character a piece, and cut in three at every pair of places."""
+    out = [[text], list(text)]
+    out += [[text[:i], text[i:j], text[j:]] for i in range(len(text) + 1) for j in range(i, len(text) + 1)]
+    return out
+
+
+@pytest.mark.parametrize(
+    ("arguments", "after"),
+    [
+        (' {"a": 1}}</tool_call>rest', "rest"),
+        ('{"q": "</tool_call>"}}</tool_call>after', "after"),  # a tag inside a string
+        (' {"q": "a\\"}</tool_call>\\\\"}}\n</tool_call>\nnext', "\nnext"),  # escaped quote, backslash
+        (' {"a": "}]{[", "b": [[1], {"c": []}]} }\n</tool_call>', ""),  # brackets in strings, nested
+        (" {}}</tool_call><tool_call>", "<tool_call>"),  # the next call's tag right after
+        (" {\"a\": 'x}</tool_call>'}</tool_call>z", "'}</tool_call>z"),  # ' opens no JSON string
+    ],
+)
+def test_the_call_ends_at_the_first_closing_tag_after_its_arguments(arguments: str, after: str) -> None:
+    for pieces in _cuts(arguments):
+        assert _after(pieces) == after, pieces
+
+
+def test_a_backslash_ending_a_piece_escapes_the_next_pieces_first_character() -> None:
+    pieces = [' {"q": "x\\', '"}</tool_call>', '"}}</tool_call>z']
+    assert _after(pieces) == "z"
+    pieces = [' {"q": "x\\', "n", '"}}</tool_call>z']  # the escaped character is the whole piece
+    assert _after(pieces) == "z"
+
+
+def test_a_closing_tag_split_across_pieces_ends_the_call_in_its_last_piece() -> None:
+    pieces = [' {"a": 1}}', "</tool", "_call", ">rest"]
+    scanner = CallEndScanner(HERMES)
+    assert [scanner.feed(p) for p in pieces] == [None, None, None, 1]
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        [' {"a": "</tool_call>'],  # the tag is in a string
+        [' {"a": {"b": 1}', "</tool_call>"],  # the arguments are still open
+        [' {"a": 1}}', "</tool_cal"],  # the tag is not complete
+        [' {"a": "x\\"}}</tool_call>'],  # the quote is escaped
+    ],
+)
+def test_an_open_call_does_not_end(pieces: list[str]) -> None:
+    assert _after(pieces) is None
+
+
+def test_offsets_are_the_bytes_of_latin1_text_with_another_dialects_tag() -> None:
+    brackets = get_dialect("chatml-brackets")
+    text = ' {"é": "[/tool_call]ツ"}}[/tool_call]ok'.encode().decode("latin-1")
+    scanner = CallEndScanner(brackets)
+    assert scanner.feed(text) == len(text) - 2
+    wide = dataclasses.replace(HERMES, tool_call=TagPair("<ツール>", "</ツール>"))
+    for pieces in _cuts('{"a":"ツ"}}</ツール>ok'.encode().decode("latin-1")):
+        assert _after(pieces, wide) == "ok"
+
+
+PIECES = ["a", " ", '"', "\\", "'", "{", "}", "[", "]", "</tool_call>", "</tool", "é", "\n"]
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.lists(st.sampled_from(PIECES), max_size=6).map("".join),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    arguments=st.dictionaries(st.sampled_from(PIECES), json_values, max_size=3),
+    spaces=st.sampled_from(["", " ", "\n"]),
+    rest=st.sampled_from(["", "x", "\n<tool_call>", "</tool_call>"]),
+    cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=6),
+)
+def test_the_scanner_ends_a_call_where_split_spans_ends_the_finished_one(
+    arguments: dict[str, object], spaces: str, rest: str, cuts: list[int]
+) -> None:
+    value = spaces + json.dumps(arguments, ensure_ascii=False) + spaces + "}" + spaces
+    turn = '<tool_call>{"name": "f", "arguments":' + value + "</tool_call>" + rest
+    call = split_spans(turn, HERMES, strict=True)[0]
+    assert call.kind == "call" and call.closed
+    data = (value + "</tool_call>" + rest).encode().decode("latin-1")
+    bounds = sorted({0, len(data), *(c % (len(data) + 1) for c in cuts)})
+    pieces = [data[a:b] for a, b in pairwise(bounds)]
+    after = _after(pieces)
+    assert after is not None
+    assert after.encode("latin-1").decode() == turn[call.end :]
+
+
+@pytest.mark.parametrize(
+    ("text", "pos", "end"),
+    [
+        ('{"a": 1} tail', 0, 8),
+        ("x {'a': '}'} tail", 2, 12),  # a Python repr: single quotes
+        ('{"a": "it\'s }"}', 0, 15),  # a single quote inside a JSON string
+        ('{"a": "\\"}"}', 0, 12),  # an escaped quote
+        ('{"a": [1, {"b": "]"}]}}', 0, 22),
+        ('{"a": "}', 0, None),
+        ('{"a": "x\\', 0, None),
+        ("{'a': \"}\", 'b': 1}", 0, 18),
+        ("]{}", 0, None),  # only a closer bringing the depth from 1 to 0 closes it
+    ],
+)
+def test_payload_end_reads_both_quote_styles(text: str, pos: int, end: int | None) -> None:
+    assert payload_end(text, pos) == end
