@@ -21,6 +21,7 @@ from hermes_vllm import constraint_args
 from hermes_vllm.budget import CallCompleter
 from hermes_vllm.dialect import get_dialect
 from hermes_vllm.grammar import ToolGrammarCompiler
+from hermes_vllm.grammar.unique import _pieces
 from hermes_vllm.processor.core import ConstraintCore, validate_request
 from hermes_vllm.schema import normalize_tool
 from hermes_vllm.spans import split_spans
@@ -246,3 +247,12 @@ def test_the_guard_follows_rollbacks(tokenizer: Any) -> None:
     assert matcher.accept_token(a) and matcher.accept_token(quote)
     matcher.rollback(2)  # the first item is unwritten: "a" may be written again
     assert matcher.accept_token(a) and matcher.accept_token(quote)
+
+
+def test_cores_on_one_tokenizer_share_the_guards_token_tables(tokenizer: Any) -> None:
+    """The tables a guard reads (tokens that may close an item) are built once per tokenizer: each
+    core builds its own vocabulary objects, and a table kept per object stayed alive with each
+    (a test process's hundreds of cores kept hundreds of 131k-token tables)."""
+    first, second = (ToolGrammarCompiler(tokenizer).vocab for _ in range(2))
+    assert first is not second and first.latin1 is not second.latin1
+    assert _pieces(first) is _pieces(second)

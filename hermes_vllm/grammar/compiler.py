@@ -364,7 +364,7 @@ class CompiledToolGrammar:
         if gated and spec.free_text and spec.parallel and self.vocab.gate_allowed(spec.dialect):
             gate = _Gate(spec.dialect, self.vocab.latin1, self._start(stops))
         tools = [(t.name, t.parameters) for t in spec.tools]
-        unique = UniqueGuard.for_turn(spec.dialect, tools, self.vocab.latin1)
+        unique = UniqueGuard.for_turn(spec.dialect, tools, self.vocab)
         return ToolCallMatcher(partial(self.grammar.matcher, stops), self.vocab.tokenizer, gate, unique)
 
     def _start(self, stops: tuple[int, ...]) -> _Start:

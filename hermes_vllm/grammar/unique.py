@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from hermes_vllm.dialect import Dialect
-from hermes_vllm.grammar.engines.base import EngineMatcher, allocate_bitmask
+from hermes_vllm.grammar.engines.base import EngineMatcher, Vocabulary, allocate_bitmask
 from hermes_vllm.schema.spec import JSON
 from hermes_vllm.schema.tree import resolve_ref
 from hermes_vllm.schema.unique import item_value, keeps_unique, kept_kind
@@ -276,13 +276,15 @@ class _Pieces:
     between: np.ndarray
 
 
-_PIECES: dict[int, tuple[Sequence[str], _Pieces]] = {}
+_PIECES: dict[str, _Pieces] = {}
+"""By vocabulary fingerprint: as many entries as the process has tokenizers (its cores share one)."""
 
 
-def _pieces(latin1: Sequence[str]) -> _Pieces:
-    kept = _PIECES.get(id(latin1))
-    if kept is not None and kept[0] is latin1:
-        return kept[1]
+def _pieces(vocab: Vocabulary) -> _Pieces:
+    kept = _PIECES.get(vocab.fingerprint)
+    if kept is not None:
+        return kept
+    latin1 = vocab.latin1
     plain: dict[str, list[int]] = {}
     other: list[int] = []
     for i, piece in enumerate(latin1):
@@ -299,7 +301,7 @@ def _pieces(latin1: Sequence[str]) -> _Pieces:
     made = _Pieces(
         {k: np.array(v, dtype=np.int64) for k, v in plain.items()}, np.array(other, dtype=np.int64), between
     )
-    _PIECES[id(latin1)] = (latin1, made)
+    _PIECES[vocab.fingerprint] = made
     return made
 
 
@@ -323,10 +325,11 @@ def _allowed(words: np.ndarray, size: int) -> np.ndarray:
 class UniqueGuard:
     """Follows one request's text and keeps the items of its kept arrays distinct."""
 
-    def __init__(self, dialect: Dialect, tools: Sequence[tuple[str, JSON]], latin1: Sequence[str]) -> None:
+    def __init__(self, dialect: Dialect, tools: Sequence[tuple[str, JSON]], vocab: Vocabulary) -> None:
         self._dialect = dialect
         self._tools = dict(tools)
-        self._latin1 = latin1
+        self._vocab = vocab
+        self._latin1 = vocab.latin1
         self._history: list[int] = []
         self._follower = TextFollower(dialect)
         self._call: _Call | None = None
@@ -336,10 +339,10 @@ class UniqueGuard:
 
     @classmethod
     def for_turn(
-        cls, dialect: Dialect, tools: Sequence[tuple[str, JSON]], latin1: Sequence[str]
+        cls, dialect: Dialect, tools: Sequence[tuple[str, JSON]], vocab: Vocabulary
     ) -> UniqueGuard | None:
         """A guard where some tool keeps ``uniqueItems`` by the processor; ``None`` elsewhere."""
-        return cls(dialect, tools, latin1) if any(keeps_unique(p) for _, p in tools) else None
+        return cls(dialect, tools, vocab) if any(keeps_unique(p) for _, p in tools) else None
 
     def feed(self, token_id: int) -> None:
         self._history.append(token_id)
@@ -378,7 +381,7 @@ class UniqueGuard:
         if call is None or not call.active:
             return 0
         size = min(len(self._latin1), words.size * 32)
-        pieces = _pieces(self._latin1)
+        pieces = _pieces(self._vocab)
         view = words.view(np.uint32)
         banned: list[int] = []
         if call.scalar == "string":  # most of the vocabulary goes on: only a quote closes
