@@ -18,7 +18,7 @@ from hermes_vllm import constraint_args
 from hermes_vllm.budget import MARK, CallCompleter, as_latin1
 from hermes_vllm.dialect import get_dialect
 from hermes_vllm.processor.core import ConstraintCore
-from hermes_vllm.testing.adversary import Scenario, run
+from hermes_vllm.testing.adversary import Scenario, _marks_for, run
 
 LONG_OPTIONAL = {
     "name": "get_weather",
@@ -313,3 +313,13 @@ def test_a_key_written_twice_in_a_free_form_object_is_still_completed() -> None:
     call = '<tool_call>\n{"name": "calc", "arguments": {"gradeDict": {"name": 10, "arguments": 10, "name": 1'
     assert completer.complete(call) == "}}}</tool_call>"
     assert completer.complete(call[: -len(" 1")] + ' "x", "arguments"') == ":0}}}</tool_call>"
+
+
+def test_a_samplers_marks_belong_to_the_vocabulary_not_to_a_core(tokenizer: Any) -> None:
+    """The samplers' token marks are the vocabulary's: cores on one tokenizer share them. Keyed by
+    a core's ``id``, a core built where a freed one had lived (with another tokenizer) read that
+    one's marks, and every core's marks were kept for the rest of the process."""
+    first, second = (ConstraintCore(lambda: tokenizer, len(tokenizer)) for _ in range(2))
+    hermes = get_dialect("hermes")
+    assert _marks_for(first, hermes) is _marks_for(second, hermes)
+    assert _marks_for(first, hermes).length.size == len(first.compiler.vocab.latin1)

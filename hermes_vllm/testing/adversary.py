@@ -152,11 +152,14 @@ class _Marks:
     """The token of the first reasoning span's closing tag (-1: none)."""
 
 
-_marks: dict[tuple[int, str], _Marks] = {}
+_marks: dict[tuple[str, str], _Marks] = {}
+"""By vocabulary fingerprint and dialect: shared by the cores of one tokenizer. (Keyed by the
+core's ``id``, a core built after another was freed could get its address, and its marks, for
+another vocabulary.)"""
 
 
 def _marks_for(core: ConstraintCore, dialect: Dialect) -> _Marks:
-    key = (id(core), dialect.name)
+    key = (core.compiler.vocab.fingerprint, dialect.name)
     if key not in _marks:
         latin1 = core.compiler.vocab.latin1
         tags = [p.begin for p in (dialect.tool_call, *dialect.free_spans)] + [
