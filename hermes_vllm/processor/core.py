@@ -240,10 +240,48 @@ class Gate:
     def copy(self) -> Gate:
         return replace(self, follower=self.follower.copy(), pending=list(self.pending))
 
-    def clean(self, watch: bytes) -> None:
-        """At a clean point: nothing to replay, and only a tag's first byte matters."""
+    def hold(self, tokens: Sequence[int]) -> None:
+        """Keep ``tokens`` for a matcher that starts at the last clean point."""
+        self.pending.extend(tokens)
+
+    def take_pending(self) -> list[int]:
+        """The tokens kept since the last clean point, handed to a matcher (and no longer kept)."""
+        tokens, self.pending = self.pending, []
+        return tokens
+
+    def regate(self, parallel: bool, begin: bytes) -> bool | None:
+        """Read where the text stands: True where the engine must run (a call tag begun or open,
+        or the one call a turn allows made: then the gate is off for good), False at a clean
+        point (the grammar is in its initial state again, ``begin`` the bytes watched there),
+        None where neither (a reasoning/hidden span, or its tag, begun)."""
+        tail = self.follower.tail
+        if tail.open is not None:
+            # Inside a call or a reasoning/hidden span, only its end tag changes the situation.
+            assert tail.open.tags is not None
+            self.watch = b"" if tail.end_begun else tail.open.tags.end[:1].encode()
+            return True if tail.open.kind == "call" else None
+        if tail.begun is not None:
+            self.watch = b""
+            return True if tail.begun == "call" else None
+        if (self.follower.calls or tail.calls) and not parallel:
+            # The one allowed call is made: the engine keeps refusing another to the end.
+            self.on = False
+            return True
         self.pending.clear()
-        self.watch = watch
+        self.watch = begin
+        return False
+
+    def read_all_from(self, position: int) -> None:
+        """From ``position`` consumed tokens on, the budget reads every token."""
+        self.quiet_until = position
+
+    def wake(self) -> None:
+        """Read the next token whatever bytes it holds (the text has moved without a step)."""
+        self.quiet = False
+
+    def settle(self, engine_off: bool) -> None:
+        """After a step: quiet where gated, at a clean point with the engine off."""
+        self.quiet = engine_off and self.on and bool(self.watch) and not self.pending
 
     def stop(self) -> None:
         """The row failed: nothing to watch or replay any more."""
@@ -277,6 +315,23 @@ class EngineState:
             paused=None if self.paused is None else self.paused.copy(),
             paused_bans=None if self.paused_bans is None else self.paused_bans.clone(),
         )
+
+    def start(self, matcher: ToolCallMatcher) -> None:
+        self.matcher = matcher
+
+    def switch_off(self) -> None:
+        """At a clean point: the gate alone watches the row again."""
+        self.matcher = None
+
+    def feed(self, tokens: Sequence[int]) -> int | None:
+        """Feed the running matcher; the first token it refuses (the row must fail), else None."""
+        matcher = self.matcher
+        assert matcher is not None
+        for token in tokens:
+            if not matcher.accept_token(token):
+                return token
+        self.ended = bool(tokens) and matcher.is_terminated()
+        return None
 
     def fail(self, reason: str) -> None:
         self.failed = reason
@@ -426,11 +481,11 @@ class ConstraintCore:
             # The tag shares a token with the text before it: no grammar state to start from.
             logger.warning("hermes-vllm: the prompt's open span starts inside a token; starting in free text")
             return
-        state.gate.pending = tail[first:]  # replayed (gated) or fed first (engine-only) into the matcher
+        state.gate.hold(tail[first:])  # replayed (gated) or fed first (engine-only) into the matcher
         for piece in pieces[first:]:
             self._follow(state, piece)
         if state.gate.on:
-            state.gate.quiet = False
+            state.gate.wake()
             self._regate(state)
 
     def admit(
@@ -524,11 +579,10 @@ class ConstraintCore:
                     budget.plan(state.consumed + i)
                 self._follow(state, latin1[token] if 0 <= token < len(latin1) else "")
             if budget is not None:
-                state.gate.quiet_until = budget.watch_from
+                state.gate.read_all_from(budget.watch_from)
         self._advance(state, new_tokens)
-        gate, engine = state.gate, state.engine
-        engine_off = engine.matcher is None and engine.failed is None
-        gate.quiet = engine_off and gate.on and bool(gate.watch) and not gate.pending
+        engine = state.engine
+        state.gate.settle(engine.matcher is None and engine.failed is None)
 
     @staticmethod
     def _follow(state: RowState, piece: str) -> None:
@@ -560,9 +614,9 @@ class ConstraintCore:
             if not any(holds[t] for t in new_tokens if 0 <= t < len(holds)):
                 # Nothing a tag could be made of: the row's situation is unchanged.
                 if state.gate.pending or state.engine.matcher is not None:
-                    state.gate.pending.extend(new_tokens)
+                    state.gate.hold(new_tokens)
                 return
-        state.gate.pending.extend(new_tokens)
+        state.gate.hold(new_tokens)
         self._regate(state)
 
     def _watch_array(self, watch: bytes) -> np.ndarray:
@@ -571,29 +625,12 @@ class ConstraintCore:
         return self._watched[watch]
 
     def _regate(self, state: RowState) -> None:
-        """Decide from where the row's text stands whether the engine must run."""
-        follower = state.gate.follower
-        tail = follower.tail
-        if tail.open is not None:
-            if tail.open.kind == "call":
-                self._switch_on(state)
-            # Inside a call or a reasoning/hidden span, only its end tag changes the situation.
-            assert tail.open.tags is not None
-            state.gate.watch = b"" if tail.end_begun else tail.open.tags.end[:1].encode()
-            return
-        if tail.begun is not None:
-            if tail.begun == "call":
-                self._switch_on(state)
-            state.gate.watch = b""
-            return
-        if (follower.calls or tail.calls) and not state.prepared.spec.parallel:
-            # The one allowed call is made: the engine keeps refusing another to the end.
-            state.gate.on = False
+        """Switch the engine on or off as the gate reads the row's text (:meth:`Gate.regate`)."""
+        run = state.gate.regate(state.prepared.spec.parallel, self._begin_bytes(state.dialect))
+        if run:
             self._switch_on(state)
-            return
-        # A clean point: the grammar is in its initial state again.
-        state.gate.clean(self._begin_bytes(state.dialect))
-        state.engine.matcher = None
+        elif run is not None:
+            state.engine.switch_off()
 
     def _switch_on(self, state: RowState) -> None:
         """Engine on: a fresh matcher replays the tokens since the last clean point."""
@@ -602,7 +639,7 @@ class ConstraintCore:
         compiled = self._compiled(state)
         if compiled is None:
             return
-        state.engine.matcher = compiled.matcher(state.stop_ids, gated=False)
+        state.engine.start(compiled.matcher(state.stop_ids, gated=False))
         self._feed_engine(state, state.gate.pending)
 
     def _compiled(self, state: RowState) -> CompiledToolGrammar | None:
@@ -617,13 +654,11 @@ class ConstraintCore:
             compiled = self._compiled(state)
             if compiled is None:
                 return
-            state.engine.matcher = compiled.matcher(state.stop_ids, gated=False)
-            tokens, state.gate.pending = [*state.gate.pending, *tokens], []  # the prompt's open span first
-        for token in tokens:
-            if not state.engine.matcher.accept_token(token):
-                self._fail(state, f"sampled token {token} is outside the grammar")
-                return
-        state.engine.ended = bool(tokens) and state.engine.matcher.is_terminated()
+            state.engine.start(compiled.matcher(state.stop_ids, gated=False))
+            tokens = [*state.gate.take_pending(), *tokens]  # the prompt's open span first
+        refused = state.engine.feed(tokens)
+        if refused is not None:
+            self._fail(state, f"sampled token {refused} is outside the grammar")
 
     def _fail(self, state: RowState, reason: str) -> None:
         """Stop the row: from now on only its stop tokens are allowed, never unconstrained text."""
