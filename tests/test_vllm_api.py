@@ -16,6 +16,8 @@ import dataclasses
 import importlib
 import inspect
 import logging
+import subprocess
+import sys
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
@@ -165,3 +167,22 @@ def test_the_plugin_checks_the_release_once(
     release.check_release.cache_clear()
     warnings = [r for r in caplog.records if r.name == release.__name__]
     assert len(warnings) == 1 and "vLLM 9.1.0 is newer" in warnings[0].getMessage()
+
+
+def test_modules_imported_while_triton_is_assumed_do_not_keep_the_assumption() -> None:
+    """vLLM modules copy ``HAS_TRITON`` when first imported. One first imported inside
+    :func:`triton_assumed` kept ``True``, and a later engine in the same test process took Triton
+    for there and failed (its speculative kernels' warmup): which depended on the files' order."""
+    script = (
+        "from hermes_vllm.testing.engine import triton_assumed\n"
+        "from vllm.triton_utils import HAS_TRITON\n"
+        "with triton_assumed():\n"
+        "    import vllm.model_executor.warmup.jit_warmup_triton_helper as helper\n"
+        "print(HAS_TRITON, helper.HAS_TRITON)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
+    if "ModuleNotFoundError" in done.stderr:
+        pytest.skip("this vLLM has no JIT warmup helper")
+    assert done.returncode == 0, done.stderr[-2000:]
+    had, kept = done.stdout.split()[-2:]
+    assert kept == had

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -46,8 +47,15 @@ def triton_assumed() -> Iterator[None]:
         yield
         return
     had = triton_utils.HAS_TRITON
+    loaded = set(sys.modules)
     triton_utils.HAS_TRITON = True
     try:
         yield
     finally:
         triton_utils.HAS_TRITON = had
+        # A vLLM module first imported meanwhile copied the flag (``from vllm.triton_utils import
+        # HAS_TRITON``): left so, a later engine in the process takes Triton for there and fails.
+        for name in set(sys.modules) - loaded:
+            module = sys.modules[name]
+            if name.split(".")[0] == "vllm" and getattr(module, "HAS_TRITON", had) is not had:
+                module.HAS_TRITON = had
