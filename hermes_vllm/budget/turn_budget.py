@@ -364,11 +364,16 @@ class TurnBudget:
         if not completion:  # complete already, or no reading known
             return NOTHING
         text = finish_character(self.progress.answer_text) + as_latin1(completion)
+        return self._force_when_due(text, left, self.answer_lookahead)
+
+    def _force_when_due(self, text: str, left: int, lookahead: int) -> Plan:
+        """Force ``text`` (a completion) once the tokens ``left`` come down to what it needs, plus
+        the margin and ``lookahead``; its need is kept as the turn's need either way."""
         need = self.speller.count(text)
         if need is None:
             return NOTHING
         self.progress.need = need
-        if left > need + self.margin + self.answer_lookahead:
+        if left > need + self.margin + lookahead:
             return NOTHING
         return self._start(text)
 
@@ -385,14 +390,7 @@ class TurnBudget:
         completion = self.completer.complete(written, self.speller.tokens)
         if completion is None:
             return NOTHING
-        text = fix + as_latin1(completion + MARK)
-        need = self.speller.count(text)
-        if need is None:
-            return NOTHING
-        self.progress.need = need
-        if left > need + self.margin + self.lookahead:
-            return NOTHING
-        return self._start(text)
+        return self._force_when_due(fix + as_latin1(completion + MARK), left, self.lookahead)
 
     def _call_text(self) -> str:
         tail = self.tail
