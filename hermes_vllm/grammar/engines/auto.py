@@ -87,6 +87,9 @@ class AutoEngine(GrammarEngine):
         else:
             XGrammarEngine.check(turn)
 
+    def warm(self, turn: TurnSpec) -> None:
+        self.xgrammar.warm(turn)
+
     def compile(self, turn: TurnSpec) -> EngineGrammar:
         if prefers_llguidance(turn):
             _refuse_multiples(turn)

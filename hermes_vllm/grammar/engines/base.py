@@ -141,6 +141,11 @@ class GrammarEngine(ABC):
     def compile(self, turn: TurnSpec) -> EngineGrammar:
         """Compile ``turn``; raise ``ValueError`` with a readable message when it cannot."""
 
+    def warm(self, turn: TurnSpec) -> None:
+        """Pay the engine's one-time setup for this vocabulary now (at start-up), by compiling
+        ``turn`` (a small one) past every cache; a first request would pay it otherwise."""
+        self.compile(turn)
+
     def fill_bitmasks(
         self, matchers: Sequence[EngineMatcher], bitmask: torch.Tensor, rows: Sequence[int]
     ) -> None:
