@@ -88,6 +88,8 @@ class AutoEngine(GrammarEngine):
             XGrammarEngine.check(turn)
 
     def warm(self, turn: TurnSpec) -> None:
+        """xgrammar's setup; llguidance's (its token trie) stays on its first use, which most
+        servers never meet."""
         self.xgrammar.warm(turn)
 
     def compile(self, turn: TurnSpec) -> EngineGrammar:

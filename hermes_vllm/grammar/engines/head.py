@@ -114,8 +114,8 @@ class SortedVocabulary:
     contiguous range, found by two bisects.
 
     The token ids are one flat array with each key's offset, not a list a key: a list a key was
-    ~131k objects the garbage collector traverses in every full collection of a server
-    (docs/architecture.md, "Garbage collection")."""
+    ~131k objects the garbage collector walked in every full collection (benchmarks/README.md,
+    "Compile tail and cache hits")."""
 
     def __init__(self, decoded: Sequence[bytes], excluded: frozenset[int]) -> None:
         kept = [i for i, data in enumerate(decoded) if data and i not in excluded]

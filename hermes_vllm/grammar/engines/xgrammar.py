@@ -403,9 +403,10 @@ class XGrammarEngine(GrammarEngine):
             sort_ahead(vocab)
 
     def warm(self, turn: TurnSpec) -> None:
-        """The compile's setup, and the composed matcher's sorted vocabulary built here rather
-        than in the background: what start-up builds, the engine's frozen heap keeps."""
-        super().warm(turn)
+        """A first compile's setup (the JSON basics' masks into xgrammar's cache), and the composed
+        matcher's sorted vocabulary built here rather than in the background: what start-up
+        builds, the engine's frozen heap keeps."""
+        self.compile(turn)
         if get_limits().compose_min_tools > 0:
             sorted_vocabulary(self.vocab)
 
