@@ -34,6 +34,7 @@ measured in the same run over the same tool sets. Writes PATH.json, PATH.md and 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -205,7 +206,36 @@ def _compiler(engine: str, tokenizer_name: str, cache: GrammarCache[EngineGramma
     )
 
 
-def run(engine: str, tokenizer_name: str, cases: Sequence[BfclCase]) -> list[SetResult]:
+class FullCollections:
+    """The garbage collector's full (oldest-generation) collections while it is on: each one's
+    milliseconds, and the objects it could reach."""
+
+    def __init__(self) -> None:
+        self.ms: list[float] = []
+        self._start = 0.0
+
+    def __enter__(self) -> FullCollections:
+        gc.callbacks.append(self._note)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._note)
+
+    def _note(self, phase: str, info: dict[str, int]) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.ms.append((time.perf_counter() - self._start) * 1e3)
+
+
+def run(
+    engine: str, tokenizer_name: str, cases: Sequence[BfclCase], freeze: bool = True
+) -> tuple[list[SetResult], dict[str, Any]]:
+    """Each set measured in turn after the compiler's start-up (``ToolGrammarCompiler.warm``); with
+    ``freeze``, the heap built so far frozen then, as vLLM's engine core does after its start-up
+    (``freeze_gc_heap``), so full collections walk only what serving added."""
     compiler = _compiler(engine, tokenizer_name, GrammarCache(2 << 30, 1, lambda g: g.memory_bytes))
     tokenizer = compiler.vocab.tokenizer
     span = (
@@ -213,19 +243,30 @@ def run(engine: str, tokenizer_name: str, cases: Sequence[BfclCase]) -> list[Set
         tokenizer.convert_tokens_to_ids(compiler.dialect.tool_call.end),
     )
     start = time.perf_counter()
-    compiler.engine.compile(compiler.prepare([{"name": "warm_up"}]).spec)  # one-time vocabulary setup
+    compiler.warm()  # one-time vocabulary setup
     setup_s = time.perf_counter() - start
+    if freeze:
+        gc.collect()
+        gc.freeze()
     results = []
-    for i, case in enumerate(cases):
-        results.append(measure_set(compiler, case, span))
-        if (i + 1) % 200 == 0:
-            print(f"  {engine}/{tokenizer_name}: {i + 1}/{len(cases)}", file=sys.stderr, flush=True)
+    with FullCollections() as full:
+        for i, case in enumerate(cases):
+            results.append(measure_set(compiler, case, span))
+            if (i + 1) % 200 == 0:
+                print(f"  {engine}/{tokenizer_name}: {i + 1}/{len(cases)}", file=sys.stderr, flush=True)
+    collections = {
+        "frozen": gc.get_freeze_count(),
+        "tracked": len(gc.get_objects()),
+        "full_collections_ms": [round(ms, 1) for ms in full.ms],
+    }
+    if freeze:
+        gc.unfreeze()
     print(
-        f"{engine}/{tokenizer_name}: {len(cases)} tool sets, setup {setup_s:.1f} s",
+        f"{engine}/{tokenizer_name}: {len(cases)} tool sets, setup {setup_s:.1f} s, {collections}",
         file=sys.stderr,
         flush=True,
     )
-    return results
+    return results, collections
 
 
 def report(all_results: dict[tuple[str, str], list[SetResult]]) -> list[dict[str, Any]]:
@@ -393,6 +434,9 @@ def main(argv: list[str] | None = None) -> int:
         "--engine-limit", action="append", default=[], metavar="ENGINE=N", help="per-engine --limit"
     )
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--no-freeze", action="store_true", help="leave the start-up heap to the collector (vLLM freezes it)"
+    )
     parser.add_argument("--agent-scale", action="store_true", help="1-400 tools against vLLM's tag")
     parser.add_argument("--sizes", default=",".join(map(str, agent_scale.SIZES)))
     parser.add_argument("--repeats", type=int, default=3)
@@ -409,6 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     all_cases = tool_sets(args.limit)
     start = time.perf_counter()
     results: dict[tuple[str, str], list[SetResult]] = {}
+    collections: dict[str, dict[str, Any]] = {}
     for tok in tokenizers:
         for engine in engines:
             limit = limits.get(engine)
@@ -417,7 +462,9 @@ def main(argv: list[str] | None = None) -> int:
                 if limit is None
                 else [all_cases[int(i * len(all_cases) / limit)] for i in range(limit)]
             )
-            results[(engine, tok)] = run(engine, tok, cases)
+            results[(engine, tok)], collections[f"{engine}/{tok}"] = run(
+                engine, tok, cases, not args.no_freeze
+            )
     rows = report(results)
     meta = {
         "cpus": os.cpu_count(),
@@ -427,6 +474,8 @@ def main(argv: list[str] | None = None) -> int:
         "limits": {"all": args.limit, **limits} if args.limit or limits else None,
         "seconds": time.perf_counter() - start,
         "targets": TARGETS,
+        "freeze": not args.no_freeze,
+        "gc": collections,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     per_set = {

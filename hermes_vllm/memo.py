@@ -93,10 +93,42 @@ K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 
+class IdentityMemo(Generic[V]):
+    """Answers kept per tuple of objects, by their identity: for inputs that cannot be hashed (a
+    tool's normalised schema, a dict) but are shared, since a memoised step made them (the same
+    tool's text normalises to the same object). Each entry holds its objects, so no identity is
+    reused while it is kept; at most ``entries`` are kept, the least recently used dropped."""
+
+    def __init__(self, entries: int) -> None:
+        self._entries = entries
+        self._lock = threading.Lock()
+        self._kept: OrderedDict[tuple[int, ...], tuple[tuple[object, ...], V]] = OrderedDict()
+
+    def get(self, objects: tuple[object, ...], compute: Callable[[], V]) -> V:
+        key = tuple(map(id, objects))
+        with self._lock:
+            found = self._kept.get(key)
+            if found is not None:
+                self._kept.move_to_end(key)
+                return found[1]
+        value = compute()
+        with self._lock:
+            self._kept[key] = (objects, value)
+            while len(self._kept) > self._entries:
+                self._kept.popitem(last=False)
+        return value
+
+
+MISSING = object()
+"""What ``TextKeyed.get(key, MISSING)`` answers for a key it does not keep: one lookup, where
+``key in table`` then ``table[key]`` could meet a table another thread emptied in between."""
+
+
 class TextKeyed(dict[K, V]):
     """A per-object cache of a pure function of some text: emptied whole once the texts it keeps
     reach ``chars`` in all (the hot path pays one dict lookup; an LRU's bookkeeping would cost more
-    than most of the answers it keeps)."""
+    than most of the answers it keeps). Read it with ``get(key, MISSING)``: hosted rows are
+    admitted on vLLM's compile thread while the scheduler's fills read the same tables."""
 
     def __init__(self, chars: int) -> None:
         super().__init__()

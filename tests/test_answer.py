@@ -279,3 +279,30 @@ def test_a_call_or_the_answer_always_arrives_before_max_tokens(
         if not outcome.kept(scenario.thinking_budget):
             lost.append((scenario.max_tokens, scenario.thinking_budget, outcome.failed, outcome.text))
     assert not lost, lost
+
+
+def test_a_long_answer_is_not_read_whole_at_every_token(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The budget reads the answer written so far (to find its shortest completion) only when
+    the tokens left could come down to what it needs: each token adds at most the answer's
+    lookahead to that need. Read whole at every free-text token, the answer cost its length at
+    every token: quadratic in the answer's length, on the engine's step."""
+    core = ConstraintCore(lambda: tokenizer, len(tokenizer))
+    state = core.admit(
+        constraint_args([ADD], "auto", answer=ANSWER), [tokenizer.eos_token_id], max_tokens=4000
+    )
+    assert state is not None and state.budget is not None and state.budget.answer is not None
+    budget, answer = state.budget, state.budget.answer
+    reads: list[str] = []
+    complete = answer.complete
+    monkeypatch.setattr(
+        answer, "complete", lambda text, measure=len: reads.append(text) or complete(text, measure)
+    )
+    latin1 = core.compiler.vocab.latin1
+    tokens = tokenizer.encode('{"answer": "' + "four and " * 800, add_special_tokens=False)
+    for position, token in enumerate(tokens):
+        assert not budget.plan(position).force
+        budget.feed(latin1[token])
+    assert len(tokens) > 1000 and len(reads) < len(tokens) // 10, (len(reads), len(tokens))
+    # Near its limit the answer is still finished in time: the worst-case test above holds that.

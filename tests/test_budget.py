@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from hermes_vllm.budget import MARK, CallCompleter, Speller
 from hermes_vllm.grammar import ToolGrammarCompiler
 from hermes_vllm.grammar.cache import GrammarCache
 from hermes_vllm.grammar.engines.base import allocate_bitmask
+from hermes_vllm.processor import token_index
 from hermes_vllm.processor.core import ConstraintCore
 from hermes_vllm.spans import split_spans
 
@@ -242,6 +244,41 @@ def test_a_stop_string_cannot_complete_inside_a_call(tokenizer: Any) -> None:
     assert state is not None
     allowed = {latin1[t] for t in run(core, state, tokenizer, "<think>Par")}
     assert "is" not in allowed and "x" in allowed
+
+
+class _CountedReads(list[Any]):
+    """A vocabulary table that counts how often it is read whole (iterated)."""
+
+    reads = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        self.reads += 1
+        return super().__iter__()
+
+
+def test_fresh_stop_strings_read_no_vocabulary_and_leave_bounded_tables(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Requests bringing new stop strings (each client its own, 4 a request) are refused inside
+    calls from the index built at start-up: no token of the vocabulary is read for a new string
+    (that scan cost tens of milliseconds a string on the engine's step), and the answers kept
+    stay within the index's bound however many strings arrive."""
+    monkeypatch.setattr(token_index, "CACHED_IDS", 4096)
+    core = core_for(tokenizer)
+    core.warm()
+    vocab = core.compiler.vocab
+    tables = {name: _CountedReads(getattr(vocab, name)) for name in ("latin1", "decoded")}
+    vars(vocab).update(tables)
+    latin1 = vocab.latin1
+    text = '<tool_call>{"name": "get_weather", "arguments": {"city": "Par'
+    for request in range(40):
+        stop = [f"Paris{request}", f"is{request}x", f" {request}!", f"ar{request}"]
+        state = core.admit(constraint_args([TOOL]), [], max_tokens=500, stop=stop)
+        assert state is not None
+        allowed = {latin1[t] for t in run(core, state, tokenizer, text + "is")}
+        assert "x" in allowed and (request >= 10 or str(request) not in allowed)
+    assert [t.reads for t in tables.values()] == [0, 0]
+    assert core.index.kept_ids() <= 4096
 
 
 def test_vllms_thinking_budget_never_sees_a_reasoning_tag_inside_a_call(tokenizer: Any) -> None:

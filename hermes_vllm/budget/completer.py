@@ -34,7 +34,7 @@ from hermes_vllm.budget.shortest import (
 )
 from hermes_vllm.dialect import Dialect
 from hermes_vllm.grammar.turn import ANSWER_NAME
-from hermes_vllm.memo import TextKeyed
+from hermes_vllm.memo import MISSING, TextKeyed
 from hermes_vllm.schema import canonical_json
 from hermes_vllm.schema.formats import formats_as_patterns
 from hermes_vllm.schema.tree import repoint_refs
@@ -125,8 +125,9 @@ class CallCompleter:
         decoding one position's text is steered several times (each draft row's fill, the fill
         again before the kept token, rows that share a prefix), so most calls are hits."""
         key = (call, measure)
-        if key in self._completions:
-            return self._completions[key]
+        found = self._completions.get(key, MISSING)
+        if found is not MISSING:
+            return found  # type: ignore[return-value]
         return self._completions.keep(key, call, self._complete(call, measure))
 
     def _complete(self, call: str, measure: Measure) -> str | None:

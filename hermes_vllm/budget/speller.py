@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from hermes_vllm.memo import TextKeyed
+from hermes_vllm.memo import MISSING, TextKeyed
 
 _LONGEST = 64
 """Longest token spelling tried when spelling text (characters)."""
@@ -79,8 +79,9 @@ class Speller:
 
         Kept per text: steering measures the same completions (a call's closing text and the
         mark) at every position inside a string value, and the completer measures candidates."""
-        if text in self._counts:
-            return self._counts[text]
+        found = self._counts.get(text, MISSING)
+        if found is not MISSING:
+            return found  # type: ignore[return-value]
         return self._counts.keep(text, text, self._count(text))
 
     def _count(self, text: str) -> int | None:

@@ -86,11 +86,16 @@ class Progress:
     planned: int = -1
     """The position last planned for (:meth:`TurnBudget.plan`): a token fed at another position
     (a row resumed after preemption replays its output) is planned for first."""
+    answer_at: int = -1
+    """The position at which the answer's need was last read (-1: not yet, or unknown)."""
+    answer_need: int = 0
+    """The answer's need read there: at each later position it is at most this plus the answer's
+    lookahead a token, so the answer need not be read again until that bound comes due."""
 
     def copy(self) -> Progress:
         return Progress(
             self.need, self.answer_text, self.span_tokens, self.reasoning_spent, self.forcing, self.utf8,
-            self.planned,
+            self.planned, self.answer_at, self.answer_need,
         )  # fmt: skip
 
 
@@ -359,12 +364,27 @@ class TurnBudget:
         """The answer the turn owes: once only it still fits, its shortest spelling (before it
         begins) or its shortest completion (once begun), within the margin and the lookahead."""
         assert self.answer is not None
-        written = self.progress.answer_text.encode("latin-1").decode("utf-8", errors="replace")
+        progress = self.progress
+        consumed = self.max_tokens - left
+        if 0 <= progress.answer_at <= consumed:
+            # Each token adds at most the lookahead to the need: until that bound comes due,
+            # nothing is forced, and the answer (read whole: its length grows) is not read.
+            bound = progress.answer_need + (consumed - progress.answer_at) * self.answer_lookahead
+            if left > bound + self.margin + self.answer_lookahead:
+                return NOTHING
+        progress.answer_at = -1
+        written = progress.answer_text.encode("latin-1").decode("utf-8", errors="replace")
         completion = self.answer.complete(written, self.speller.tokens)
-        if not completion:  # complete already, or no reading known
+        if completion is None:  # no reading known
             return NOTHING
-        text = finish_character(self.progress.answer_text) + as_latin1(completion)
-        return self._force_when_due(text, left, self.answer_lookahead)
+        if not completion:  # complete already
+            progress.answer_at, progress.answer_need = consumed, 0
+            return NOTHING
+        text = finish_character(progress.answer_text) + as_latin1(completion)
+        plan = self._force_when_due(text, left, self.answer_lookahead)
+        if not plan.force and self.speller.count(text) is not None:
+            progress.answer_at, progress.answer_need = consumed, progress.need
+        return plan
 
     def _force_when_due(self, text: str, left: int, lookahead: int) -> Plan:
         """Force ``text`` (a completion) once the tokens ``left`` come down to what it needs, plus

@@ -424,6 +424,13 @@ class ToolGrammarCompiler:
             type(self.engine), self.limits, admitted=admitted,
         )  # fmt: skip
 
+    def warm(self) -> None:
+        """Build the vocabulary's tables and pay the engine's one-time setup now: at start-up,
+        not on a first request."""
+        UniqueGuard.warm(self.vocab)
+        tool = {"name": "warm_up", "parameters": {"type": "object"}}
+        self.engine.warm(self.prepare([tool], "required").spec)
+
     def submit(self, prepared: PreparedTurn) -> Future[EngineGrammar]:
         """Start (or join) the compile of ``prepared`` on the background pool."""
         key = (prepared.spec.key(), self.engine.name, self.vocab.fingerprint)

@@ -337,6 +337,12 @@ class UniqueGuard:
         self.refused = 0
         """Tokens cleared from masks so far (for tests and logs)."""
 
+    @staticmethod
+    def warm(vocab: Vocabulary) -> None:
+        """Read the vocabulary's quoted and numeric pieces now (start-up), not on the first
+        request whose tools keep ``uniqueItems``."""
+        _pieces(vocab)
+
     @classmethod
     def for_turn(
         cls, dialect: Dialect, tools: Sequence[tuple[str, JSON]], vocab: Vocabulary

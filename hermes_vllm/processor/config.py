@@ -66,6 +66,8 @@ def new_core(vllm_config: VllmConfig, pin_memory: bool) -> ConstraintCore:
         engine_name(),
         pin_memory,
     )
+    if not vllm_config.model_config.skip_tokenizer_init:  # no tokenizer: nothing can be constrained
+        core.warm()  # at start-up, before vLLM freezes its heap: never on a first request's step
     from hermes_vllm.processor.v2 import ToolCallLogitsProcessor
 
     # Offline the frontend's check runs in this process: it counts in this core's vocabulary.

@@ -39,7 +39,7 @@ import xgrammar as xgr
 from hermes_vllm.budget import NOTHING, Plan, Speller, TurnBudget, as_latin1
 from hermes_vllm.budget.needs import TurnNeeds
 from hermes_vllm.constraint import ConstraintRequest, parse_constraint
-from hermes_vllm.dialect import Dialect
+from hermes_vllm.dialect import Dialect, available_dialects, get_dialect
 from hermes_vllm.grammar import GrammarCompileError, ToolGrammarCompiler
 from hermes_vllm.grammar.compiler import (
     CompiledToolGrammar,
@@ -52,6 +52,7 @@ from hermes_vllm.grammar.engines import get_engine_class
 from hermes_vllm.grammar.engines.base import EngineGrammar, allocate_bitmask, token_allowed
 from hermes_vllm.grammar.turn import TurnSpec
 from hermes_vllm.memo import memoize_small
+from hermes_vllm.processor.token_index import TokenIndex
 from hermes_vllm.settings import Limits, get_limits
 from hermes_vllm.spans import TextFollower, open_at_end
 
@@ -405,11 +406,10 @@ class ConstraintCore:
         self.bitmask = allocate_bitmask(1, vocab_size, pin_memory)
         self._holds_byte: dict[int, np.ndarray] = {}
         self._watched: dict[bytes, np.ndarray] = {}
+        """Keyed by the dialects' tag bytes (a handful), never by a client's input."""
         self._quiet_holds: np.ndarray | None = None
         """Tokens holding a byte any quiet row watches (the union over the dialects seen)."""
         self._quiet_watches: set[bytes] = set()
-        self._containing: dict[str, np.ndarray] = {}
-        self._starting: dict[str, np.ndarray] = {}
         self._no_call: dict[str, np.ndarray] = {}
         self._whole: np.ndarray | None = None
 
@@ -424,23 +424,31 @@ class ConstraintCore:
         return Speller(self.compiler.vocab.latin1, self.compiler.vocab.stop_token_ids)
 
     @cached_property
-    def _byte_index(self) -> tuple[np.ndarray, np.ndarray]:
-        """All tokens' bytes concatenated, and the token each byte belongs to."""
-        decoded = self.compiler.vocab.decoded
-        blob = np.frombuffer(b"".join(decoded), dtype=np.uint8)
-        owner = np.repeat(np.arange(len(decoded)), [len(b) for b in decoded])
-        return blob, owner
+    def index(self) -> TokenIndex:
+        """Which tokens hold a text or begin with one: the stop strings' refusal reads it."""
+        return TokenIndex(self.compiler.vocab.decoded)
+
+    def warm(self) -> None:
+        """Build what every constrained request needs, once, at the engine's start-up: the
+        vocabulary's tables, the speller, the token index, each dialect's gate and refusal masks
+        and the engine's own vocabulary setup. Built on a first request instead, they stalled
+        every running stream for over a second (``benchmarks/stall.py``); built before vLLM's
+        engine freezes its start-up heap, the collector never traverses them again."""
+        compiler = self.compiler
+        words = (self.vocab_size + 31) // 32
+        _ = self.speller, self.index, self._whole_words(words)
+        for name in available_dialects():
+            dialect = get_dialect(name)
+            _ = self._watch_array(self._begin_bytes(dialect)), self._no_call_words(dialect, words)
+            compiler.vocab.gate_allowed(dialect)
+        compiler.warm()
 
     def _tokens_holding(self, watch: bytes) -> np.ndarray:
         """Boolean array over the vocabulary: does the token hold any byte of ``watch``?"""
-        size = len(self.compiler.vocab.decoded)
-        out = np.zeros(size, dtype=bool)
+        out = np.zeros(self.index.size, dtype=bool)
         for byte in watch:
             if byte not in self._holds_byte:
-                blob, owner = self._byte_index
-                hit = np.zeros(size, dtype=bool)
-                hit[owner[blob == byte]] = True
-                self._holds_byte[byte] = hit
+                self._holds_byte[byte] = self.index.holding_byte(byte)
             out |= self._holds_byte[byte]
         return out
 
@@ -457,6 +465,27 @@ class ConstraintCore:
         if state is not None and prompt:
             self.open_from_prompt(state, prompt)
         return state
+
+    def ready(self, params: Any) -> None:
+        """Do the cold part of admitting a ``SamplingParams`` ahead of :meth:`admit_params`: the
+        prepared turn, its compile started, and its budgets' needs in this vocabulary, each kept
+        by the memos admission then reads. Touches no row and no part of the core a fill uses,
+        so a hosted row's admission does it without the host's lock (the fills of every other
+        row wait on that lock)."""
+        request = parse_constraint(params.extra_args)
+        if request is None:
+            return
+        compiler = self.compiler
+        prepared = prepare_constraint(request, type(compiler.engine), compiler.limits, admitted=True)
+        compiler.submit(prepared)
+        spec = prepared.spec
+        if params.max_tokens is None or (spec.mode == "none" and spec.answer is None):
+            return
+        needs = prepared_turn(request, self.engine, get_limits()).needs
+        turn_reserve(request, self.engine, self.speller)
+        needs.lookahead(self.speller)
+        needs.answer_reserve(self.speller)
+        needs.answer_lookahead(self.speller)
 
     def open_from_prompt(self, state: RowState, prompt: Sequence[int]) -> None:
         """Start a new row inside the span its prompt leaves open (a generation prompt ending with
@@ -838,8 +867,10 @@ class ConstraintCore:
         if refused:
             bits = words.view(np.uint32)
             before = bits.copy()
-            for token in self._completing(state.gate.follower.recent, refused):
-                bits[token >> 5] &= np.uint32(0xFFFFFFFF ^ (1 << (token & 31)))
+            tokens = self._completing(state.gate.follower.recent, refused)
+            tokens = tokens[tokens < bits.size * 32]
+            clear = ~(np.uint32(1) << (tokens & 31).astype(np.uint32))
+            np.bitwise_and.at(bits, tokens >> 5, clear)
             if not bits.any():  # the grammar itself spells the refused text here: it must pass
                 bits[:] = before
 
@@ -850,28 +881,13 @@ class ConstraintCore:
             return ()
         return state.refused_stops + state.refused_in_calls if budget.in_call() else state.refused_stops
 
-    def _completing(self, text: str, refused: Sequence[str]) -> list[int]:
-        """Tokens that would complete one of ``refused`` after ``text``."""
-        out: list[int] = []
-        for s in refused:
-            out += self._holding(s).tolist()
-            for k in range(1, len(s)):
-                if text.endswith(s[:k]):
-                    out += self._starts_with(s[k:]).tolist()
-        return out
-
-    def _holding(self, s: str) -> np.ndarray:
-        """The tokens holding ``s``."""
-        if s not in self._containing:
-            latin1 = self.compiler.vocab.latin1
-            self._containing[s] = np.array([i for i, p in enumerate(latin1) if s in p], dtype=np.int64)
-        return self._containing[s]
-
-    def _starts_with(self, s: str) -> np.ndarray:
-        if s not in self._starting:
-            latin1 = self.compiler.vocab.latin1
-            self._starting[s] = np.array([i for i, p in enumerate(latin1) if p.startswith(s)], dtype=np.int64)
-        return self._starting[s]
+    def _completing(self, text: str, refused: Sequence[str]) -> np.ndarray:
+        """Tokens that would complete one of ``refused`` after ``text`` (:class:`TokenIndex`: no
+        token of the vocabulary is read here)."""
+        index = self.index
+        found = [index.holding(s) for s in refused]
+        found += [index.starting(s[k:]) for s in refused for k in range(1, len(s)) if text.endswith(s[:k])]
+        return np.concatenate(found) if len(found) > 1 else found[0]
 
     def _no_call_words(self, dialect: Dialect, words: int) -> np.ndarray:
         """Packed mask of the tokens that cannot begin a call tag (hold none of it, and end with no

@@ -82,6 +82,7 @@ class RowHost:
     def grammar(self, params: SamplingParams) -> HostedGrammar:
         """Admit a request and wait for its compile, as vLLM's backends do on their compile thread
         (the request waits in ``WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR``, the scheduler never does)."""
+        self.core.ready(params)  # the cold part (a new tool set's preparing, its compile), unlocked
         with self.lock:
             state = self.core.admit_params(params)
         if state is None:

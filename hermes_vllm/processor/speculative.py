@@ -110,6 +110,7 @@ def _wrap_init(method: Callable[..., None]) -> Callable[..., None]:
             from hermes_vllm.processor.config import announce_active
 
             announce_active(vllm_config, RUNNER)
+            host(self)  # the core and its tables built at start-up, not on a first request
             logger.info("hermes-vllm tool-call constraints active (speculative decoding, structured outputs)")
 
     return __init__

@@ -6,8 +6,10 @@ import copy
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 
+from hermes_vllm.memo import IdentityMemo
 from hermes_vllm.schema.rewrite import (
     JSON_TYPES,
     assertion_keywords,
@@ -133,7 +135,7 @@ def check_coverage(
     out: list[ToolSpec] = []
     needs_validation = False
     for spec in specs:
-        missing = uncovered_keywords(spec, supported)
+        missing, stripped = _COVERED.get((spec, supported), partial(_covered, spec, supported))
         if missing and coverage == "strict":
             listed = ", ".join(
                 f"'{m.keyword}' at {m.path}" + (f" ({m.reason})" if m.reason else "") for m in missing
@@ -144,8 +146,18 @@ def check_coverage(
                 f"the {engine} engine cannot enforce {listed}; remove the keyword, or pass "
                 "coverage='lenient' to compile without it and validate calls after generation",
             )
-        if missing:
-            needs_validation = True
-            spec = strip_keywords(spec, missing)
-        out.append(spec)
+        needs_validation = needs_validation or bool(missing)
+        out.append(stripped)
     return tuple(out), needs_validation
+
+
+_COVERED: IdentityMemo[tuple[list[UncoveredKeyword], ToolSpec]] = IdentityMemo(4096)
+"""Per tool (the object :func:`~hermes_vllm.schema.read_tools` memoises) and engine: a request
+that resends its tools (every agent turn, every cache hit of the public ``compile``) is not
+walked again."""
+
+
+def _covered(spec: ToolSpec, supported: frozenset[str]) -> tuple[list[UncoveredKeyword], ToolSpec]:
+    """What the engine would not enforce in ``spec``, and ``spec`` without it."""
+    missing = uncovered_keywords(spec, supported)
+    return missing, strip_keywords(spec, missing) if missing else spec

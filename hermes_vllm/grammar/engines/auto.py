@@ -87,6 +87,11 @@ class AutoEngine(GrammarEngine):
         else:
             XGrammarEngine.check(turn)
 
+    def warm(self, turn: TurnSpec) -> None:
+        """xgrammar's setup; llguidance's (its token trie) stays on its first use, which most
+        servers never meet."""
+        self.xgrammar.warm(turn)
+
     def compile(self, turn: TurnSpec) -> EngineGrammar:
         if prefers_llguidance(turn):
             _refuse_multiples(turn)

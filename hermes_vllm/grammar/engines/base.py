@@ -141,6 +141,12 @@ class GrammarEngine(ABC):
     def compile(self, turn: TurnSpec) -> EngineGrammar:
         """Compile ``turn``; raise ``ValueError`` with a readable message when it cannot."""
 
+    def warm(self, turn: TurnSpec) -> None:
+        """Pay the engine's one-time setup for this vocabulary now (at start-up) where a first
+        compile pays it (``turn`` is a small one); engines whose setup is their constructor's
+        have nothing to do (outlines-core's compile of even a small turn takes seconds)."""
+        return None
+
     def fill_bitmasks(
         self, matchers: Sequence[EngineMatcher], bitmask: torch.Tensor, rows: Sequence[int]
     ) -> None:

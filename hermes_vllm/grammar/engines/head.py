@@ -15,6 +15,8 @@ import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 WHITESPACE = b" \t\n\r"
 MONOLITHIC = -1
 """The exit of the ``"arguments"``-first branch: the monolithic grammar decides from there."""
@@ -109,15 +111,34 @@ def walk(node: Node, data: bytes) -> tuple[Node, bytes] | None:
 
 class SortedVocabulary:
     """The vocabulary's distinct byte strings, sorted: the tokens with a given prefix are one
-    contiguous range, found by two bisects."""
+    contiguous range, found by two bisects.
+
+    The token ids are one flat array with each key's offset, not a list a key: a list a key was
+    ~131k objects the garbage collector walked in every full collection (benchmarks/README.md,
+    "Compile tail and cache hits")."""
 
     def __init__(self, decoded: Sequence[bytes], excluded: frozenset[int]) -> None:
-        by_bytes: dict[bytes, list[int]] = {}
-        for token_id, data in enumerate(decoded):
-            if data and token_id not in excluded:
-                by_bytes.setdefault(data, []).append(token_id)
-        self.keys = sorted(by_bytes)
-        self.ids = [by_bytes[k] for k in self.keys]
+        kept = [i for i, data in enumerate(decoded) if data and i not in excluded]
+        kept.sort(key=decoded.__getitem__)  # stable: a key's ids stay in id order
+        keys: list[bytes] = []
+        starts: list[int] = []
+        for at, token_id in enumerate(kept):
+            data = decoded[token_id]
+            if not keys or keys[-1] != data:
+                keys.append(data)
+                starts.append(at)
+        self.keys = keys
+        starts.append(len(kept))
+        self._starts = np.asarray(starts, dtype=np.int64)
+        self._flat = np.asarray(kept, dtype=np.int64)
+
+    def ids(self, k: int) -> list[int]:
+        """The token ids of key ``k``."""
+        return self._flat[self._starts[k] : self._starts[k + 1]].tolist()  # type: ignore[no-any-return]
+
+    def ids_in(self, lo: int, hi: int) -> np.ndarray:
+        """The token ids of keys ``lo:hi``: the tokens of one :meth:`prefixed` range."""
+        return self._flat[self._starts[lo] : self._starts[hi]]
 
     def prefixed(self, prefix: bytes, lo: int = 0, hi: int | None = None) -> tuple[int, int]:
         """The range of keys that start with ``prefix`` (within ``lo:hi``)."""
@@ -144,12 +165,12 @@ def admitted(vocab: SortedVocabulary, node: Node, crosses: Callable[[int, bytes,
             if start == end:
                 continue
             if vocab.keys[start] == walked:
-                out += vocab.ids[start]
+                out += vocab.ids(start)
                 start += 1
             if nxt.exit is not None:
                 for k in range(start, end):
                     if crosses(nxt.exit, walked, vocab.keys[k][len(walked) :]):
-                        out += vocab.ids[k]
+                        out += vocab.ids(k)
             elif start < end:
                 stack.append((nxt, walked, start, end))
     return out

@@ -358,6 +358,10 @@ class LLGuidanceEngine(GrammarEngine):
             wrapper, n_vocab=self.vocab.vocab_size, eos_token=list(self.vocab.stop_token_ids)
         )
 
+    def warm(self, turn: TurnSpec) -> None:
+        """The token trie, at start-up rather than on the first compile."""
+        _ = self.tokenizer
+
     @cached_property
     def _executor(self) -> llg.LLExecutor:
         return llg.LLExecutor(num_threads=max(2, (os.cpu_count() or 2) // 2))

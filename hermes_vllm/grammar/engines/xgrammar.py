@@ -35,6 +35,7 @@ from hermes_vllm.grammar.engines.composed import (
     batch_inner,
     composable,
     sort_ahead,
+    sorted_vocabulary,
 )
 from hermes_vllm.grammar.engines.ebnf import (
     Rule,
@@ -400,6 +401,14 @@ class XGrammarEngine(GrammarEngine):
         """The composed matcher's per-tool grammars, by the tool's schema (not its name)."""
         if limits.compose_min_tools > 0:
             sort_ahead(vocab)
+
+    def warm(self, turn: TurnSpec) -> None:
+        """A first compile's setup (the JSON basics' masks into xgrammar's cache), and the composed
+        matcher's sorted vocabulary built here rather than in the background: what start-up
+        builds, the engine's frozen heap keeps."""
+        self.compile(turn)
+        if get_limits().compose_min_tools > 0:
+            sorted_vocabulary(self.vocab)
 
     @classmethod
     def check(cls, turn: TurnSpec) -> None:
