@@ -269,11 +269,26 @@ class Turn:
     @property
     def messages(self) -> list[dict[str, Any]]:
         """The conversation so far as a client sends it: the question, then (after the first
-        turn) the assistant's calls and one ``tool`` message with each call's result."""
+        turn) the assistant's calls (their arguments a JSON string, as the API wants; the
+        templates render it as they render an object) and one ``tool`` message with each call's
+        result."""
         if not self.done:
             return self.item.messages
-        results = [{"role": "tool", "content": tool_result(c)} for c in self.made]
-        return [*self.item.messages, assistant_message(self.made), *results]
+        ids = [f"call_{k}" for k in range(self.done)]
+        calls = [
+            {
+                "id": id_,
+                "type": "function",
+                "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)},
+            }
+            for id_, c in zip(ids, self.made, strict=True)
+        ]
+        made = {"role": "assistant", "content": "", "tool_calls": calls}
+        results = [
+            {"role": "tool", "tool_call_id": id_, "content": tool_result(c)}
+            for id_, c in zip(ids, self.made, strict=True)
+        ]
+        return [*self.item.messages, made, *results]
 
     def reply(self) -> dict[str, Any]:
         """The assistant message the model is trained to write here."""
