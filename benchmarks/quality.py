@@ -410,6 +410,19 @@ def order_differs(item: Item) -> bool:
     return False
 
 
+ANSWER_COLUMNS = {
+    "items": "items",
+    "with a call": "with_call",
+    "answer valid": "answered",
+    "neither": "neither",
+    "HTTP errors": "http_errors",
+    "of them 500": "http_500",
+}
+"""The counts of the tools + ``response_format`` table: column -> summary key."""
+AFTER_COLUMNS = {"items": "items", "calls again": "with_call", "answers": "answered", "neither": "neither"}
+"""The counts of the table of the turns after tool results: column -> summary key."""
+
+
 def markdown(summaries: dict[str, dict[str, Any]]) -> str:
     lines = [
         "| configuration | items | parse | schema-valid | right tool | exact args | calls off declared order "
@@ -426,28 +439,17 @@ def markdown(summaries: dict[str, dict[str, Any]]) -> str:
     answering = {
         label: s for label, s in summaries.items() if WITH_ANSWER in s["tool_choice"] and label not in after
     }
-    if answering:
-        lines += [
-            "",
-            "| tools + response_format | items | with a call | answer valid | neither | HTTP errors (500) |",
-            "| --- | ---: | ---: | ---: | ---: | ---: |",
-        ]
-        for label, s in answering.items():
-            lines.append(
-                f"| {label} | {s['items']} | {s['with_call']} | {s['answered']} | {s['neither']} "
-                f"| {s['http_errors']} ({s['http_500']}) |"
-            )
-    if after:
-        lines += [
-            "",
-            "| after tool results | items | calls again | right tool | answers | neither |",
-            "| --- | ---: | ---: | ---: | ---: | ---: |",
-        ]
-        for label, s in after.items():
-            lines.append(
-                f"| {label} | {s['items']} | {s['with_call']} | {s['right_tool']:.0%} | {s['answered']} "
-                f"| {s['neither']} |"
-            )
+    counted = (
+        ("tools + response_format", answering, ANSWER_COLUMNS),
+        ("after tool results", after, AFTER_COLUMNS),
+    )
+    for title, chosen, columns in counted:
+        if chosen:
+            lines += ["", f"| {title} | {' | '.join(columns)} |", "| --- |" + " ---: |" * len(columns)]
+            lines += [
+                f"| {label} | {' | '.join(str(s[key]) for key in columns.values())} |"
+                for label, s in chosen.items()
+            ]
     return "\n".join(lines) + "\n"
 
 
