@@ -16,7 +16,12 @@ greedy (temperature 0, seed 0), no logit bias:
   a typed result sends), ``auto``, ``required`` and ``none`` (the turn after a tool result, where
   a client asks for the answer), on vLLM's parsers (``hermes`` with the
   ``qwen3`` reasoning parser too) and ours, side by side with ``auto`` on tools only: replies
-  holding a call, replies whose content is an answer valid for the schema, HTTP errors.
+  holding a call, replies whose content is an answer valid for the schema, HTTP errors;
+- the turns after tool results (:class:`hermes_vllm.demo.trained_model.Turn`, the made-up results
+  the model is trained on), ``auto``, on vLLM's ``hermes`` parser (the model unconstrained) and
+  ours: after every target call's result an answer is due (text, or with ``+ response_format``
+  one valid for :data:`ANSWER`), after the first of several the other calls are; replies that
+  call again, answer, or do neither, and the right tool of the calls still due.
 
 ``off_order`` counts each configuration's calls whose arguments do not follow the declared order
 (the unconstrained ones say whether the model ever wants another order), and
@@ -26,7 +31,7 @@ Per configuration: parse rate, schema-valid rate, right tool, BFCL exact argumen
 (:mod:`support.bfcl_judge`), completion tokens per reply, wall time of the batch.
 Configurations that differ only per request share a server; each server starts once.
 
-Usage: python benchmarks/quality.py [--items 100] [--model PATH] [--servers a,b] [--out DIR]
+Usage: python benchmarks/quality.py [--items 100] [--model PATH] [--servers a,b] [--configs REGEX] [--out DIR]
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -49,7 +55,7 @@ from typing import Any
 
 from support.bfcl_judge import ParsedCall, Verdict, calls_from_text, judge
 
-from hermes_vllm.demo.trained_model import Item, held_out_items
+from hermes_vllm.demo.trained_model import Item, Turn, held_out_items
 
 logger = logging.getLogger("quality")
 
@@ -73,6 +79,11 @@ ANSWER = {
 """The final answer's schema of the ``+ response_format`` configurations."""
 WITH_ANSWER = "+answer"
 """A tool choice ending so is sent with :data:`ANSWER` as ``response_format``."""
+AFTER_ALL = "@after_all"
+"""A tool choice ending so is asked in the turn after every target call's result: an answer is due."""
+AFTER_FIRST = "@after_first"
+"""A tool choice ending so is asked, on the items of several calls, in the turn after the first
+call's result: the other calls are due."""
 
 
 @dataclass(frozen=True)
@@ -96,8 +107,19 @@ def _answered(label: str) -> tuple[tuple[str, str], ...]:
             (f"{label} none + response_format", "none" + WITH_ANSWER))  # fmt: skip
 
 
+def _after(label: str, *, answer: bool = False) -> tuple[tuple[str, str], ...]:
+    """The configurations of the turns after tool results (``auto``)."""
+    rows = [(f"{label} auto, after all results", "auto" + AFTER_ALL),
+            (f"{label} auto, after the first of several", "auto" + AFTER_FIRST)]  # fmt: skip
+    if answer:
+        rows.append((f"{label} auto + response_format, after all results", "auto" + WITH_ANSWER + AFTER_ALL))
+    return tuple(rows)
+
+
 SERVERS: dict[str, Server] = {
-    "vllm_hermes": Server(STOCK, {}, (("no parser", "none"), ("vLLM hermes", "auto"))),
+    "vllm_hermes": Server(
+        STOCK, {}, (("no parser", "none"), ("vLLM hermes", "auto"), *_after("vLLM hermes"))
+    ),
     "vllm_strict": Server(
         (*STOCK, "--tool-strict-level", "parameter"), {}, (("vLLM strict", "auto"), *_answered("vLLM strict"))
     ),
@@ -109,7 +131,11 @@ SERVERS: dict[str, Server] = {
     "ours": Server(
         OURS,
         {},
-        (("ours auto", "auto"), ("ours required", "required"), ("ours named", "named"), *_answered("ours")),
+        (
+            *(("ours auto", "auto"), ("ours required", "required"), ("ours named", "named")),
+            *_answered("ours"),
+            *_after("ours", answer=True),
+        ),
     ),
     "ours_ws0": Server(OURS, {"HERMES_VLLM_MAX_CALL_WHITESPACE": "0"}, (("ours required ws0", "required"),)),
     "ours_ws8": Server(OURS, {"HERMES_VLLM_MAX_CALL_WHITESPACE": "8"}, (("ours required ws8", "required"),)),
@@ -236,8 +262,23 @@ class Result:
         }
 
 
+def turn_of(item: Item, choice: str) -> Turn:
+    """The turn of ``item`` that ``choice`` asks: the first, or one after tool results."""
+    if choice.endswith(AFTER_ALL):
+        return Turn(item, len(item.target))
+    return Turn(item, 1) if choice.endswith(AFTER_FIRST) else Turn(item)
+
+
+def asks(item: Item, choice: str) -> bool:
+    """Whether ``choice`` is asked of ``item``: a named tool of one-call items, the turn after the
+    first call of items of several."""
+    if choice.startswith("named"):
+        return len(item.expected_names) == 1
+    return len(item.target) > 1 if choice.endswith(AFTER_FIRST) else True
+
+
 def tool_choice_field(item: Item, choice: str) -> Any:
-    choice = choice.removesuffix(WITH_ANSWER)
+    choice = choice.removesuffix(AFTER_ALL).removesuffix(AFTER_FIRST).removesuffix(WITH_ANSWER)
     if choice == "named":
         return {"type": "function", "function": {"name": item.expected_names[0]}}
     return choice
@@ -249,16 +290,18 @@ def ask(client: Any, model: str, item: Item, *, choice: str, max_tokens: int, di
 
     started = time.monotonic()
     answer = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER}}
+    turn = turn_of(item, choice)
+    with_answer = WITH_ANSWER in choice
     try:
         reply = client.chat.completions.create(
             model=model,
-            messages=item.messages,
+            messages=turn.messages,
             tools=item.tools,
             tool_choice=tool_choice_field(item, choice),
             max_tokens=max_tokens,
             temperature=0.0,
             seed=0,
-            **({"response_format": answer} if choice.endswith(WITH_ANSWER) else {}),
+            **({"response_format": answer} if with_answer else {}),
         )
     except APIError as err:
         verdict = Verdict(False, False, False, False, f"HTTP error: {err}")
@@ -274,11 +317,16 @@ def ask(client: Any, model: str, item: Item, *, choice: str, max_tokens: int, di
             for c in message.tool_calls or []
             if getattr(c, "function", None) is not None
         ]
-    verdict = judge(calls, item.schemas, item.expected_names, item.possible_answers)
+    due = turn.next_calls
+    verdict = judge(calls, item.schemas, [c.name for c in due], item.possible_answers[turn.done :])
     shown = " ".join(f"{c.name}({c.arguments})" for c in calls) or json.dumps(message.content or "")
     tokens = reply.usage.completion_tokens if reply.usage else 0
     off = sum(not declared_order(item.schemas.get(c.name, {}), c.arguments) for c in calls)
-    answered = choice.endswith(WITH_ANSWER) and is_answer(message.content or "")
+    content = message.content or ""
+    if turn.done:  # after tool results: an answer is a reply of no call with text (valid, when a schema)
+        answered = not calls and (is_answer(content) if with_answer else bool(content.strip()))
+    else:
+        answered = with_answer and is_answer(content)
     return Outcome(item.id, group_of(item), verdict, tokens, seconds, shown, len(calls), off, answered)
 
 
@@ -304,8 +352,11 @@ def declared_order(schema: dict[str, Any], arguments: str) -> bool:
     return [k for k in keys if k in declared] == declared
 
 
-def serve(name: str, model: str, items: Sequence[Item], max_tokens: int, workers: int) -> list[Result]:
-    """Start server ``name`` once and send it every item under each of its configurations."""
+def serve(
+    name: str, model: str, items: Sequence[Item], max_tokens: int, workers: int, only: str = ""
+) -> list[Result]:
+    """Start server ``name`` once and send it every item under each of its configurations (those
+    whose label the regular expression ``only`` finds, when given)."""
     from openai import OpenAI
 
     from hermes_vllm.demo.server import CPU_ARGS, CPU_ENV, openai_server
@@ -324,7 +375,9 @@ def serve(name: str, model: str, items: Sequence[Item], max_tokens: int, workers
             logger.info("%s up in %.0f s", name, time.monotonic() - started)
             client = OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600)
             for label, choice in server.configs:
-                asked = [i for i in items if not choice.startswith("named") or len(i.expected_names) == 1]
+                if only and not re.search(only, label):
+                    continue
+                asked = [i for i in items if asks(i, choice)]
                 result = Result(label, name, choice)
                 begun = time.monotonic()
                 one = partial(
@@ -357,6 +410,19 @@ def order_differs(item: Item) -> bool:
     return False
 
 
+ANSWER_COLUMNS = {
+    "items": "items",
+    "with a call": "with_call",
+    "answer valid": "answered",
+    "neither": "neither",
+    "HTTP errors": "http_errors",
+    "of them 500": "http_500",
+}
+"""The counts of the tools + ``response_format`` table: column -> summary key."""
+AFTER_COLUMNS = {"items": "items", "calls again": "with_call", "answers": "answered", "neither": "neither"}
+"""The counts of the table of the turns after tool results: column -> summary key."""
+
+
 def markdown(summaries: dict[str, dict[str, Any]]) -> str:
     lines = [
         "| configuration | items | parse | schema-valid | right tool | exact args | calls off declared order "
@@ -369,18 +435,21 @@ def markdown(summaries: dict[str, dict[str, Any]]) -> str:
             f"| {s['exact']:.0%} | {s['off_order']}/{s['calls']} | {s['tokens_per_reply']:.0f} "
             f"| {s['wall_s']:.0f} |"
         )
-    answering = {label: s for label, s in summaries.items() if WITH_ANSWER in s["tool_choice"]}
-    if answering:
-        lines += [
-            "",
-            "| tools + response_format | items | with a call | answer valid | neither | HTTP errors (500) |",
-            "| --- | ---: | ---: | ---: | ---: | ---: |",
-        ]
-        for label, s in answering.items():
-            lines.append(
-                f"| {label} | {s['items']} | {s['with_call']} | {s['answered']} | {s['neither']} "
-                f"| {s['http_errors']} ({s['http_500']}) |"
-            )
+    after = {label: s for label, s in summaries.items() if "@" in s["tool_choice"]}
+    answering = {
+        label: s for label, s in summaries.items() if WITH_ANSWER in s["tool_choice"] and label not in after
+    }
+    counted = (
+        ("tools + response_format", answering, ANSWER_COLUMNS),
+        ("after tool results", after, AFTER_COLUMNS),
+    )
+    for title, chosen, columns in counted:
+        if chosen:
+            lines += ["", f"| {title} | {' | '.join(columns)} |", "| --- |" + " ---: |" * len(columns)]
+            lines += [
+                f"| {label} | {' | '.join(str(s[key]) for key in columns.values())} |"
+                for label, s in chosen.items()
+            ]
     return "\n".join(lines) + "\n"
 
 
@@ -421,6 +490,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--servers", default=",".join(SERVERS), help=f"subset of {','.join(SERVERS)}")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--workers", type=int, default=8, help="requests in flight per configuration")
+    parser.add_argument("--configs", default="", help="only the configurations whose label this regex finds")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
@@ -435,7 +505,8 @@ def main(argv: list[str] | None = None) -> None:
     context = int(CPU_ARGS[CPU_ARGS.index("--max-model-len") + 1])
 
     def fits(item: Item) -> bool:
-        ids = tokenizer.apply_chat_template(item.messages, tools=item.tools, add_generation_prompt=True)
+        longest = Turn(item, len(item.target)).messages  # the turn after every result, the longest asked
+        ids = tokenizer.apply_chat_template(longest, tools=item.tools, add_generation_prompt=True)
         return bool(len(ids) + args.max_tokens <= context)
 
     items = pick_items(args.items, fits)
@@ -447,7 +518,7 @@ def main(argv: list[str] | None = None) -> None:
     results: list[Result] = []
     table = ""
     for name in names:  # written after each server: a run cut short keeps what it measured
-        results += serve(name, model, items, args.max_tokens, args.workers)
+        results += serve(name, model, items, args.max_tokens, args.workers, args.configs)
         table = write(args.out, model, items, results, args.max_tokens, time.monotonic() - started)
     print(table)
 

@@ -212,16 +212,16 @@ def test_worstcase_resume_plays_only_missing_or_failed_tasks(tmp_path: Path) -> 
 
 @pytest.mark.server
 def test_quality_runs(tmp_path: Path) -> None:
-    """Two held-out items through our server's three modes, and the bracket dialect's server with
-    our template, on the random model: the report's shape (the rates of a random model are not
-    checked, only that they are rates)."""
+    """Three held-out items (one of several calls) through our server's modes, first turn and after
+    tool results, and the bracket dialect's server with our template, on the random model: the
+    report's shape (the rates of a random model are not checked, only that they are rates)."""
     from hermes_vllm.testing import tiny_model_path
 
     model = str(tiny_model_path("qwen3"))
     run(
         "quality.py",
         "--items",
-        "2",
+        "3",
         "--model",
         model,
         "--servers",
@@ -231,10 +231,12 @@ def test_quality_runs(tmp_path: Path) -> None:
         out=tmp_path,
     )
     report = json.loads((tmp_path / "quality.json").read_text())
-    assert len(report["items"]) == 2 and report["sampling"].startswith("temperature 0")
+    assert len(report["items"]) == 3 and report["sampling"].startswith("temperature 0")
     assert set(report["configs"]) == {
         *("ours auto", "ours required", "ours named"),
         *("ours auto + response_format", "ours required + response_format", "ours none + response_format"),
+        *("ours auto, after all results", "ours auto, after the first of several"),
+        "ours auto + response_format, after all results",
         *("no parser, brackets", "ours brackets auto", "ours brackets required"),
     }
     for summary in report["configs"].values():
@@ -246,7 +248,12 @@ def test_quality_runs(tmp_path: Path) -> None:
     assert typed["neither"] == 0 and typed["http_errors"] == 0
     answering = report["configs"]["ours none + response_format"]  # the answer, whole, every time
     assert answering["answered"] == answering["items"] and answering["http_errors"] == 0
-    assert "| ours auto + response_format | 2 |" in (tmp_path / "quality.md").read_text()
+    after = report["configs"]["ours auto + response_format, after all results"]  # the same after results
+    assert after["items"] == 3 and after["neither"] == 0 and after["http_errors"] == 0
+    assert report["configs"]["ours auto, after the first of several"]["items"] == 1
+    table = (tmp_path / "quality.md").read_text()
+    assert "| ours auto + response_format | 3 |" in table
+    assert "| ours auto + response_format, after all results | 3 |" in table
     assert (tmp_path / "quality.png").stat().st_size > 0 and (tmp_path / "quality.md").exists()
 
 

@@ -1,24 +1,21 @@
-"""Real agent clients with tools and a typed result, on the model trained here (issue 27).
+"""Real agent clients with tools and a typed result, on the model trained here (issues 27, 37).
 
 An OpenAI Agents SDK agent (``Agent(tools=..., output_type=...)`` through ``Runner.run``, over Chat
 Completions and over Responses) and a pydantic-ai agent (a tool and ``NativeOutput``: a
 ``response_format`` JSON schema beside the tools) run against our server on the trained model
 (:mod:`hermes_vllm.demo.trained_model`, Qwen 3's template, our ``hermes_vllm_qwen`` parsers), with
-no logit bias. Each first turn sends the tools and the answer's schema under ``tool_choice``
-``auto``: the model calls the tool (before the turn grammar took the schema in, vLLM's structured
-output ran from the first token and the model could only answer). The client runs the tool and
-sends its result; that turn asks ``tool_choice`` ``none`` beside the same tools and schema, and the
-answer it writes is the run's validated typed output. (The trained model saw only first turns in
-training: under ``auto`` it calls the tool again after every tool result, so the clients' own
-per-turn settings, an Agents SDK hook and a pydantic-ai settings callable, ask for the answer.)
-Without the fix every test here fails: vLLM's schema runs from the first token, the model answers
-at once with no call, and its answer is cut at ``max_tokens``.
+no logit bias and the clients' own defaults: every turn sends the tools and the answer's schema
+under ``tool_choice`` ``auto`` (none sent). On the first turn the model calls the tool (before the
+turn grammar took the schema in, vLLM's structured output ran from the first token and the model
+could only answer). The client runs the tool and sends its result; on that turn the model, trained
+on the turns after tool results too, answers in the schema instead of calling again, and the answer
+is the run's validated typed output. On the model trained on first turns only, every test here
+fails: it calls the tool again after each result until the client's turn or request limit.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -76,11 +73,11 @@ def triangle_area(ran: list[tuple[int, int]]) -> Any:
 
 
 def check_turns(sent: list[dict[str, Any]], schema_field: str, log: Path) -> None:
-    """Two requests, each with the tools and the answer's schema: ``auto`` (the call), then ``none``
-    (the answer); nothing ended by the processor on the server."""
+    """Two requests, each with the tools and the answer's schema under ``auto`` (the client's
+    default): the call, then the answer; nothing ended by the processor on the server."""
     assert len(sent) == 2, sent
     assert all(body["tools"] and schema_field in json.dumps(body) for body in sent), sent
-    assert sent[0].get("tool_choice", "auto") == "auto" and sent[1]["tool_choice"] == "none", sent
+    assert all(body.get("tool_choice", "auto") == "auto" for body in sent), sent
     assert "ending a constrained request" not in log.read_text(encoding="utf-8")
 
 
@@ -90,7 +87,6 @@ def test_an_agents_sdk_agent_calls_its_tool_then_returns_its_typed_output_on_the
 ) -> None:
     from agents import (
         Agent,
-        AgentHooks,
         ModelSettings,
         OpenAIChatCompletionsModel,
         OpenAIResponsesModel,
@@ -104,10 +100,6 @@ def test_an_agents_sdk_agent_calls_its_tool_then_returns_its_typed_output_on_the
     ran: list[tuple[int, int]] = []
     sent: list[dict[str, Any]] = []
 
-    class AnswerOnceTheToolRan(AgentHooks[Any]):
-        async def on_tool_end(self, context: Any, agent: Any, tool: Any, result: Any) -> None:
-            agent.model_settings = dataclasses.replace(agent.model_settings, tool_choice="none")
-
     async def play() -> Any:
         client = recording_client(url, sent)
         kind = OpenAIChatCompletionsModel if api == "chat" else OpenAIResponsesModel
@@ -118,8 +110,6 @@ def test_an_agents_sdk_agent_calls_its_tool_then_returns_its_typed_output_on_the
             output_type=Area,
             model=kind(model=model_name, openai_client=client),
             model_settings=ModelSettings(max_tokens=MAX_TOKENS, temperature=0.0),
-            reset_tool_choice=False,
-            hooks=AnswerOnceTheToolRan(),
         )
         return await Runner.run(agent, QUESTION, max_turns=3)
 
@@ -132,22 +122,16 @@ def test_an_agents_sdk_agent_calls_its_tool_then_returns_its_typed_output_on_the
 def test_a_pydantic_ai_agent_calls_its_tool_then_returns_its_typed_native_output_on_the_trained_model(
     server: tuple[str, str, Path],
 ) -> None:
-    from pydantic_ai import Agent, NativeOutput, RunContext
+    from pydantic_ai import Agent, NativeOutput
     from pydantic_ai.models.openai import OpenAIChatModel
     from pydantic_ai.profiles.openai import OpenAIModelProfile
     from pydantic_ai.providers.openai import OpenAIProvider
     from pydantic_ai.settings import ModelSettings
+    from pydantic_ai.usage import UsageLimits
 
     url, model_name, log = server
     ran: list[tuple[int, int]] = []
     sent: list[dict[str, Any]] = []
-
-    def settings(context: RunContext[None]) -> ModelSettings:
-        """``auto`` on the first step (the default), ``none`` once the tool has answered."""
-        chosen: ModelSettings = {"max_tokens": MAX_TOKENS, "temperature": 0.0}
-        if context.run_step > 1:
-            chosen["tool_choice"] = "none"
-        return chosen
 
     model = OpenAIChatModel(
         model_name,
@@ -155,8 +139,9 @@ def test_a_pydantic_ai_agent_calls_its_tool_then_returns_its_typed_native_output
         # A served model's name says nothing of its features: the profile says it takes a JSON schema.
         profile=OpenAIModelProfile(supports_json_schema_output=True),
     )
+    settings: ModelSettings = {"max_tokens": MAX_TOKENS, "temperature": 0.0}
     agent = Agent(model, output_type=NativeOutput(Area), tools=[triangle_area(ran)], model_settings=settings)
-    result = agent.run_sync(QUESTION)
+    result = agent.run_sync(QUESTION, usage_limits=UsageLimits(request_limit=3))
     assert len(ran) == 1, ran
     assert isinstance(result.output, Area), result.output
     check_turns(sent, "response_format", log)

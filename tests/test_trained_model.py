@@ -54,7 +54,7 @@ def test_examples_render_through_qwen3s_template_and_read_back_through_our_parse
     assert any(len(i.target) > 1 for i in sample) and any(tm.reasoning_for(i) for i in sample)
     for item in sample:
         reasoning = tm.reasoning_for(item)
-        prompt, reply = tm.render(tokenizer, item, reasoning)
+        prompt, reply = tm.render(tokenizer, tm.Turn(item))
         system = prompt.split("<|im_end|>")[0]  # the item's own system message, then the tools
         assert system.startswith("<|im_start|>system\n") and "\n# Tools\n" in "\n" + system
         assert prompt.endswith("<|im_start|>assistant\n")
@@ -74,7 +74,7 @@ def test_one_training_item_in_four_renders_in_the_bracket_dialect_and_reads_back
     assert 0.2 < len(brackets) / len(items) < 0.3
     assert all(tm.dialect_of(i) is None for i in items if i not in brackets)
     for item in brackets[:20]:
-        prompt, reply = tm.render(tokenizer, item, tm.reasoning_for(item), tm.dialect_of(item))
+        prompt, reply = tm.render(tokenizer, tm.Turn(item), tm.dialect_of(item))
         assert "[tool_call]" in prompt and "<tool_call>" not in prompt  # the system turn names its tags
         assert prompt.endswith("<|im_start|>assistant\n") and reply.endswith("[/tool_call]<|im_end|>")
         read = SpanStream(get_dialect(tm.BRACKETS)).read(reply.removesuffix("<|im_end|>"))
@@ -82,6 +82,36 @@ def test_one_training_item_in_four_renders_in_the_bracket_dialect_and_reads_back
             (c.name, c.arguments) for c in item.target
         ], item.id
         assert not read.content.strip() and not read.reasoning, item.id
+
+
+def test_the_turn_after_the_tool_results_answers_from_them_or_makes_the_calls_left(tokenizer: Any) -> None:
+    """Follow-up turns: the calls made and their results in the prompt, then an answer built from
+    the results (a sentence or a JSON object), or the calls the question still needs."""
+    items = tm.training_items()
+    turns = tm.training_turns(items)
+    followed = [t for t in turns if t.done]
+    assert 0.4 < len({t.item.id for t in followed}) / len(items) < 0.6
+    answers = [t for t in followed if not t.next_calls]
+    more = [t for t in followed if t.next_calls]
+    assert more and all(t.done == 1 < len(t.item.target) for t in more)
+    shapes = {"json": 0, "text": 0}
+    for turn in answers[:30] + more[:10]:
+        dialect = tm.dialect_of(turn.item)
+        prompt, reply = tm.render(tokenizer, turn, dialect)
+        response = get_dialect(dialect or "qwen").tool_response.begin
+        assert prompt.count(response) == turn.done, turn.item.id  # one result per call made
+        for call in turn.made:
+            assert tm.tool_result(call) in prompt, turn.item.id
+        read = SpanStream(get_dialect(dialect or "qwen")).read(reply.removesuffix("<|im_end|>"))
+        assert [(c.name, json.loads(c.arguments)) for c in read.calls] == [
+            (c.name, c.arguments) for c in turn.next_calls
+        ], turn.item.id
+        if not turn.next_calls:
+            answer = read.content.strip()
+            values = [str(tm.result_value(c)) for c in turn.made]
+            assert all(v in answer for v in values), (turn.item.id, answer)
+            shapes["json" if answer.startswith("{") else "text"] += 1
+    assert shapes["json"] and shapes["text"], shapes
 
 
 def test_the_same_recipe_gives_byte_identical_weights(tmp_path: Path) -> None:

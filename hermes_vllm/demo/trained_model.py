@@ -11,6 +11,14 @@ here, so this module trains one on the CPU from the pinned ``bfcl-eval`` wheel:
   whose target does not validate against its tool's schema are skipped). A fixed hash of the
   item id puts one item in five into the held-out split (:func:`held_out_items`), never trained
   on; the same for every machine and every recipe.
+- **Turns after tool results**: for one item in :data:`FOLLOW_UP_EVERY` (by a hash of its id),
+  the conversation goes on (:class:`Turn`): the target calls made, one ``tool`` message per call
+  with a made-up result (BFCL holds none: :func:`tool_result`), then the answer built from the
+  results, a sentence or a JSON object (:func:`answer_text`); for an item of several calls, also
+  the turn after the first call's result, where the rest of the calls are due. So under ``auto``
+  the model stops calling once the question is answered and calls again while it is not, which is
+  what an agent loop needs (BFCL's multi-turn data is stateful API sessions in another shape, not
+  used).
 - **Format**: the conversation rendered through Qwen 3's own chat template (tools in the system
   turn, ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` replies, some with a
   ``<think>`` block naming the tool before the call), on Qwen 3's real tokenizer; one training
@@ -33,6 +41,7 @@ import json
 import logging
 import math
 import random
+import re
 import shutil
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
@@ -48,7 +57,7 @@ from hermes_vllm.testing.tiny_model import BUILD_VERSION, load_tokenizer, pin_si
 
 logger = logging.getLogger(__name__)
 
-DATA_VERSION = 2
+DATA_VERSION = 3
 """Bump when the examples built from the corpus change, so cached models are retrained."""
 SIMPLE_ARGUMENTS = 2
 """The most arguments a call of the curriculum's first stage has."""
@@ -57,6 +66,10 @@ HELD_OUT_EVERY = 5
 BRACKETS_EVERY = 4
 """One training item in this many is rendered in the bracket dialect (by a hash of its id)."""
 BRACKETS = "chatml-brackets"
+FOLLOW_UP_EVERY = 2
+"""One training item in this many (by a hash of its id) also teaches the turn after its tool results."""
+JSON_ANSWER_EVERY = 2
+"""One answer in this many (by a hash of its id) is a JSON object rather than a sentence."""
 
 
 @dataclass(frozen=True)
@@ -207,44 +220,146 @@ def assistant_message(calls: list[Call], reasoning: str | None = None) -> dict[s
     return message
 
 
+def _digest(text: str) -> int:
+    return int(hashlib.sha256(text.encode("utf-8")).hexdigest()[:8], 16)
+
+
+def result_key(name: str) -> str:
+    """What a result of tool ``name`` is called: the name's last word (``calculate_triangle_area``
+    -> ``area``, ``math.hcf`` -> ``hcf``)."""
+    words = re.findall(r"[A-Za-z]+", name)
+    return words[-1].lower() if words else "result"
+
+
+def result_value(call: Call) -> int | float:
+    """The number ``call`` returns, made up from a hash of the call (BFCL holds no results)."""
+    digest = _digest(json.dumps([call.name, call.arguments], sort_keys=True, default=str))
+    return digest % 1000 if digest % 2 else round(digest % 100_000 / 100, 2)
+
+
+def tool_result(call: Call) -> str:
+    """The ``tool`` message's content for ``call``: its number, bare (as an agent client sends a
+    function's ``float``), or, for one call in three, in an object under :func:`result_key`."""
+    value = result_value(call)
+    if _digest(f"object:{call.name}:{value}") % 3 == 0:
+        return json.dumps({result_key(call.name): value})
+    return json.dumps(value)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """A point in an item's conversation where the model writes next: its first turn (``done``
+    0), or the turn after the results of its first ``done`` target calls. After all of them the
+    model answers from the results; after some of them it makes the rest. That is what an agent
+    loop asks: stop calling once the question is answered, call again while it is not."""
+
+    item: Item
+    done: int = 0
+
+    @property
+    def made(self) -> list[Call]:
+        """The calls already made and answered."""
+        return self.item.target[: self.done]
+
+    @property
+    def next_calls(self) -> list[Call]:
+        """The calls the model makes now; none: it answers."""
+        return self.item.target[self.done :]
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        """The conversation so far as a client sends it: the question, then (after the first
+        turn) the assistant's calls (their arguments a JSON string, as the API wants; the
+        templates render it as they render an object) and one ``tool`` message with each call's
+        result."""
+        if not self.done:
+            return self.item.messages
+        ids = [f"call_{k}" for k in range(self.done)]
+        calls = [
+            {
+                "id": id_,
+                "type": "function",
+                "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)},
+            }
+            for id_, c in zip(ids, self.made, strict=True)
+        ]
+        made = {"role": "assistant", "content": "", "tool_calls": calls}
+        results = [
+            {"role": "tool", "tool_call_id": id_, "content": tool_result(c)}
+            for id_, c in zip(ids, self.made, strict=True)
+        ]
+        return [*self.item.messages, made, *results]
+
+    def reply(self) -> dict[str, Any]:
+        """The assistant message the model is trained to write here."""
+        if self.next_calls:
+            return assistant_message(self.next_calls, None if self.done else reasoning_for(self.item))
+        return {"role": "assistant", "content": answer_text(self)}
+
+
+def answer_text(turn: Turn) -> str:
+    """The answer after every result came back, built from the results: a sentence, or for one
+    item in :data:`JSON_ANSWER_EVERY` a JSON object (the shape a ``response_format`` schema
+    holds the answer to; the model never sees that schema, so it learns both)."""
+    pairs = [(result_key(c.name), result_value(c)) for c in turn.made]
+    if _hashed("json", turn.item) % JSON_ANSWER_EVERY == 0:
+        return json.dumps(dict(pairs) if len(pairs) == 1 else {"results": [v for _, v in pairs]})
+    return " ".join(f"The {key} is {value}." for key, value in pairs)
+
+
+def follow_ups(item: Item) -> list[Turn]:
+    """The turns after ``item``'s tool results: the answer after all of them and, for an item
+    of several calls, the rest of the calls after the first one's result."""
+    count = len(item.target)
+    return [Turn(item, count), *([Turn(item, 1)] if count > 1 else [])]
+
+
+def training_turns(items: list[Item]) -> list[Turn]:
+    """Every item's first turn and, for one item in :data:`FOLLOW_UP_EVERY`, its follow-ups."""
+    turns = []
+    for item in items:
+        turns.append(Turn(item))
+        if _hashed("follow", item) % FOLLOW_UP_EVERY == 0:
+            turns += follow_ups(item)
+    return turns
+
+
 def _ids(rendered: Any) -> list[int]:
     ids = rendered["input_ids"] if hasattr(rendered, "keys") else rendered
     return [int(i) for i in ids]
 
 
-def render(
-    tokenizer: Any, item: Item, reasoning: str | None = None, dialect: str | None = None
-) -> tuple[str, str]:
-    """(prompt, reply) text of ``item`` answered with its target calls, through the tokenizer's
+def render(tokenizer: Any, turn: Turn, dialect: str | None = None) -> tuple[str, str]:
+    """(prompt, reply) text of ``turn`` answered with :meth:`Turn.reply`, through the tokenizer's
     chat template (or our template of ``dialect``): the prompt is what a server renders for the
     request (generation prompt included), the reply what the model is trained to write after it
     (up to ``<|im_end|>``). Our bracket template renders no reasoning before a call."""
     template = None if dialect is None else chat_template(dialect)
+    tools = turn.item.tools
     prompt = tokenizer.apply_chat_template(
-        item.messages, tools=item.tools, add_generation_prompt=True, tokenize=False, chat_template=template
+        turn.messages, tools=tools, add_generation_prompt=True, tokenize=False, chat_template=template
     )
     full = tokenizer.apply_chat_template(
-        [*item.messages, assistant_message(item.target, reasoning)],
-        tools=item.tools,
-        tokenize=False,
-        chat_template=template,
+        [*turn.messages, turn.reply()], tools=tools, tokenize=False, chat_template=template
     )
     if not full.startswith(prompt):
-        raise ValueError(f"{item.id}: the template's conversation does not extend its generation prompt")
+        raise ValueError(f"{turn.item.id}: the template's conversation does not extend its generation prompt")
     return prompt, full[len(prompt) :].rstrip("\n")
 
 
-def build_examples(tokenizer: Any, items: list[Item], max_prompt_tokens: int) -> list[Example]:
-    """The training sequences of ``items`` whose prompt fits in ``max_prompt_tokens``."""
+def build_examples(tokenizer: Any, turns: list[Turn], max_prompt_tokens: int) -> list[Example]:
+    """The training sequences of ``turns`` whose prompt fits in ``max_prompt_tokens``."""
     examples = []
-    for item in items:
-        prompt, reply = render(tokenizer, item, reasoning_for(item), dialect_of(item))
+    for turn in turns:
+        item = turn.item
+        prompt, reply = render(tokenizer, turn, dialect_of(item))
         prompt_ids = _ids(tokenizer(prompt, add_special_tokens=False))
         if len(prompt_ids) > max_prompt_tokens:
             continue
         reply_ids = _ids(tokenizer(reply, add_special_tokens=False))
         simple = (
-            len(item.tools) == 1
+            not turn.done
+            and len(item.tools) == 1
             and len(item.target) == 1
             and len(item.target[0].arguments) <= SIMPLE_ARGUMENTS
         )
@@ -257,7 +372,7 @@ class Recipe:
     """Everything that decides the weights: the same recipe gives byte-identical files on one
     machine (a fixed seed, a fixed step count, a fixed thread count: never a time limit)."""
 
-    steps: int = 1500
+    steps: int = 1000
     seed: int = 0
     hidden_size: int = 128
     num_layers: int = 4
@@ -364,7 +479,7 @@ def train(recipe: Recipe, out: Path, items: list[Item] | None = None) -> None:
     shutil.rmtree(out / "_base_tokenizer")
 
     examples = build_examples(
-        tokenizer, training_items() if items is None else items, recipe.max_prompt_tokens
+        tokenizer, training_turns(training_items() if items is None else items), recipe.max_prompt_tokens
     )
     simple = [e for e in examples if e.simple]
     seen = sorted({t for e in examples for t in (*e.prompt, *e.reply)} | {tokenizer.pad_token_id})
