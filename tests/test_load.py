@@ -2,7 +2,7 @@
 
 ``benchmarks/load.py`` with 6 clients and 35 requests mixing tool requests (distinct BFCL tool sets
 with a 4 MiB grammar cache, so entries are evicted), bracket-dialect requests, plain requests,
-streams, malformed schemas and clients hanging up mid-stream. The README records a 64-client run.
+streams, malformed schemas and clients hanging up mid-stream. docs/measured.md records a 64-client run.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ LEAP_SECONDS = {
 """The one documented exception to "valid accepted 100%": the suite's valid leap seconds. The
 client judges a call, and pydantic's ``datetime`` / ``time`` reject every second 60 (the
 generated-schema sweep lost 8 ``auto`` plays to it while the grammar admitted them), so the
-patterns refuse them; the README's keyword table says so."""
+patterns refuse them; docs/json-schema.md's keyword table says so."""
 QUOTED_LOCAL = {'"joe bloggs"@example.com', '"joe..bloggs"@example.com', '"joe@bloggs"@example.com'}
 """Valid addresses the engines that match a pattern against JSON text cannot spell."""
 PYDANTIC_TYPES: dict[str, Any] = {

