@@ -43,10 +43,12 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.mmap_dict import mmap_key
 from prometheus_client.utils import floatToGoString
 
-events = logging.getLogger("vllm.hermes_vllm")
+events = logging.getLogger("vllm").getChild("hermes_vllm")
 """The operator's log: one line per refused request (INFO), per left-out tool and per budget action
-(DEBUG), never one per token. Under vLLM's logger, so that vLLM's handler, format and
-``VLLM_LOGGING_LEVEL`` apply: a server's API process logs other libraries' lines at ERROR only."""
+(DEBUG), never one per token. A child of the logger vLLM configures (its handler, format and
+``VLLM_LOGGING_LEVEL`` apply; where vLLM configured nothing it propagates to the root as any
+logger): a server's API process logs other libraries' lines at ERROR only. A logging name, not a
+vLLM interface."""
 
 ENV = "HERMES_VLLM_METRICS_DIR"
 """The directory of one server's (or offline engine's) files, exported by the general plugin."""
