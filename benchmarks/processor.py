@@ -26,6 +26,7 @@ On ``qwen3`` / ``qwen2.5`` the constraint and the servers use the ``qwen`` diale
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -63,7 +64,7 @@ def measure(
     from vllm.engine.arg_utils import EngineArgs
     from vllm.v1.sample.logits_processor import BatchUpdate
 
-    from hermes_vllm import constraint_args
+    from hermes_vllm import constraint_args, metrics
     from hermes_vllm.processor.v1 import V1ToolCallLogitsProcessor
     from hermes_vllm.testing import tiny_model_path
 
@@ -78,6 +79,7 @@ def measure(
     in_string = tok.encode("x", add_special_tokens=False)[-1]
     free_word = tok.encode(" word", add_special_tokens=False)[-1]
     args = constraint_args(TOOLS, dialect=DIALECT_OF.get(tokenizer_name, "hermes"))
+    metrics.install()  # our series recorded as on a server (what the plugin does)
     results = []
     cases = [(b, s, budget) for b in batch_sizes for s in shares for budget in (False, True)]
     for batch, share, budget in cases:
@@ -90,17 +92,19 @@ def measure(
         logits = torch.randn(batch, width)
         proc.apply(logits)  # first step: compiles (cached afterwards) and replays the prefixes
         fresh = logits.clone()
-        samples, baseline = [], []
-        for _ in range(steps):
+        samples, baseline, uncounted = [], [], []
+        for step in range(2 * steps):  # steps alternate: our series recorded, then not
             for i, out in enumerate(outputs):
                 out.append(in_string if i < n_span else free_word)
             start = time.perf_counter()
             logits.copy_(fresh)
             baseline.append(time.perf_counter() - start)
-            start = time.perf_counter()
-            proc.apply(logits)
-            samples.append(time.perf_counter() - start)
+            with contextlib.nullcontext() if step % 2 == 0 else metrics.paused():
+                start = time.perf_counter()
+                proc.apply(logits)
+                (samples if step % 2 == 0 else uncounted).append(time.perf_counter() - start)
         step_us = statistics.median(samples) * 1e6
+        step_uncounted_us = statistics.median(uncounted) * 1e6
         results.append(
             {
                 "tokenizer": tokenizer_name,
@@ -109,6 +113,8 @@ def measure(
                 "span_share": share,
                 "budget": budget,
                 "step_us_p50": round(step_us, 1),
+                "step_us_p50_not_counted": round(step_uncounted_us, 1),
+                "counting_ratio": round(step_us / step_uncounted_us, 3),
                 "us_per_row": round(step_us / batch, 2),
                 "rewrite_logits_us_p50": round(statistics.median(baseline) * 1e6, 1),
             }

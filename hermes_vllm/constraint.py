@@ -15,6 +15,7 @@ from typing import Any
 
 from hermes_vllm.dialect import DEFAULT_DIALECT, Dialect, available_dialects, get_dialect
 from hermes_vllm.memo import memoize_small
+from hermes_vllm.metrics import Refusal
 from hermes_vllm.schema import Coverage
 from hermes_vllm.settings import get_limits
 
@@ -147,10 +148,11 @@ def check_special_tags(request: ConstraintRequest, skip_special: bool, special: 
     """
     stripped = get_dialect(request.dialect).parsed_tags & special if skip_special else frozenset()
     if stripped:
-        raise ValueError(
+        raise Refusal(
+            "combination",
             f"this model's tokenizer has {', '.join(sorted(stripped))} as special tokens, which "
             "skip_special_tokens=True strips from the text, so no call could be read: set "
-            "SamplingParams(skip_special_tokens=False), e.g. with hermes_vllm.sampling_options(...)"
+            "SamplingParams(skip_special_tokens=False), e.g. with hermes_vllm.sampling_options(...)",
         )
 
 

@@ -28,7 +28,7 @@ PROMPT = "<|im_start|>system\nYou call tools.<|im_end|>\n<|im_start|>user\nPleas
 def llm(tiny_model: Path) -> Any:
     from support.offline import offline_llm
 
-    return offline_llm(tiny_model)
+    return offline_llm(tiny_model, disable_log_stats=False)  # get_metrics() needs stats
 
 
 def bfcl_tool_sets(count: int) -> list[list[dict[str, Any]]]:
@@ -147,6 +147,53 @@ def test_auto_mode_leaves_free_text_alone_until_a_call_opens(llm: Any, tokenizer
     assert calls, "with the call token favoured, some request must have called a tool"
     for name, arguments in calls:
         jsonschema.validate(arguments, schemas[name])
+
+
+def _ours(llm: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Our series in ``llm.get_metrics()``: a counter's or gauge's value, a histogram's count."""
+    return {
+        (m.name, tuple(sorted(m.labels.items()))): float(getattr(m, "value", getattr(m, "count", 0)))
+        for m in llm.get_metrics()
+        if m.name.startswith("hermes_vllm:")
+    }
+
+
+def test_offline_get_metrics_holds_our_series(llm: Any, tokenizer: Any) -> None:
+    """``vllm.LLM(...).get_metrics()`` returns the hermes_vllm: series as vLLM returns its own
+    (a counter under its family's name), moved by exactly what was generated and refused."""
+    from vllm import SamplingParams
+    from vllm.exceptions import VLLMValidationError
+
+    from hermes_vllm.budget import MARK
+
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    required = constraint_args(tools, "required", parallel_tool_calls=False)
+    before = _ours(llm)
+    params = [
+        SamplingParams(temperature=1.0, seed=s, max_tokens=200, logit_bias=call_bias(tokenizer),
+                       extra_args=required, skip_special_tokens=False)
+        for s in range(2)
+    ] + [SamplingParams(max_tokens=4, extra_args=constraint_args(tools), skip_special_tokens=False)]  # fmt: skip
+    texts = [o.outputs[0].text for o in llm.generate([PROMPT] * 3, params, use_tqdm=False)]
+    with pytest.raises(VLLMValidationError, match="max_tokens=1 cannot hold"):
+        llm.generate([PROMPT], SamplingParams(max_tokens=1, extra_args=required), use_tqdm=False)
+    moved = {k: v - before.get(k, 0.0) for k, v in _ours(llm).items()}
+    closed = sum(t.count(MARK) for t in texts)
+    assert {k: v for k, v in moved.items() if v and "seconds" not in k[0] and "rows" not in k[0]} == {
+        k: v
+        for k, v in {
+            ("hermes_vllm:requests", (("dialect", "hermes"), ("tool_choice", "required"))): 2.0,
+            ("hermes_vllm:requests", (("dialect", "hermes"), ("tool_choice", "auto"))): 1.0,
+            ("hermes_vllm:calls", (("outcome", "complete"),)): 2.0 - closed,
+            ("hermes_vllm:calls", (("outcome", "budget_closed"),)): float(closed),
+            ("hermes_vllm:refused_requests", (("reason", "budget_too_small"),)): 1.0,
+            ("hermes_vllm:grammar_cache_hits", ()): moved.get(("hermes_vllm:grammar_cache_hits", ()), 0.0),
+            ("hermes_vllm:grammar_cache_misses", ()): 3.0
+            - moved.get(("hermes_vllm:grammar_cache_hits", ()), 0.0),
+        }.items()
+        if v
+    }
+    assert moved[("hermes_vllm:step_seconds", ())] >= 3
 
 
 def chat_prompt(

@@ -35,6 +35,7 @@ from hermes_vllm.budget.speller import Speller, as_latin1, finish_character
 from hermes_vllm.dialect import Dialect
 from hermes_vllm.grammar.compiler import utf8_need
 from hermes_vllm.grammar.turn import MARK as MARK
+from hermes_vllm.metrics import BUDGET_ACTIONS, events
 from hermes_vllm.spans import Tail, TextFollower, partial_tag_suffix
 
 _SPLIT_WINDOW = 4
@@ -151,6 +152,8 @@ class TurnBudget:
         self.follower = follower
         """The row's text since its last clean point (shared with the processor's gate)."""
         self.progress = Progress(need=reserve)
+        self._acted = [-1]
+        """The position of the latest budget action counted; one list shared by every copy."""
         call = as_latin1(dialect.tool_call.begin)
         tags = tuple(as_latin1(p.begin) for p in dialect.free_spans)
         self.span_openings = tuple(
@@ -335,6 +338,7 @@ class TurnBudget:
         spent = ahead is not None and ahead <= 0
         reserve = self.answer_reserve + self.answer_lookahead if self.answer is not None else self.reserve
         if spent or (self.owes() and left <= reserve + (self.speller.count(rest) or len(rest))):
+            self._count("reasoning_closed")
             # Inside a split character the tag would follow invalid UTF-8: finish it first.
             return self._start(("" if tail.end_begun else finish_character(self.text)) + rest)
         if ahead is not None and ahead <= _SPLIT_WINDOW and not tail.end_begun:
@@ -353,9 +357,11 @@ class TurnBudget:
         if self.answer is not None and self.calls_begun == 0 and tail.begun is None:
             plan = self._plan_answer(left)
             if plan.force:
+                self._count("answer_opened")
                 return plan
         if self.required and self.calls_begun == 0:
             if left <= self.reserve + self.margin and tail.begun is None:
+                self._count("call_opened")
                 return self._start(as_latin1(self.dialect.tool_call.begin))
             return _bans(call=False, spans=spans)
         return _bans(call=left <= self.reserve and tail.begun is None, spans=spans)
@@ -396,6 +402,14 @@ class TurnBudget:
         if left > need + self.margin + lookahead:
             return NOTHING
         return self._start(text)
+
+    def _count(self, action: str) -> None:
+        """Count a budget action (:data:`hermes_vllm.metrics.ACTIONS`) once per position: a
+        draft path rolled back, or a row replayed, plans the same position again."""
+        if self.progress.planned > self._acted[0]:
+            self._acted[0] = self.progress.planned
+            BUDGET_ACTIONS.inc(action)
+            events.debug("hermes-vllm: budget action %s at output token %d", action, self.progress.planned)
 
     def _start(self, text: str) -> Plan:
         self.progress.forcing = text

@@ -29,6 +29,7 @@ from hermes_vllm.grammar.engines.base import (
 from hermes_vllm.grammar.turn import ANSWER_NAME, TurnSpec, turn_spec
 from hermes_vllm.grammar.unique import UniqueGuard
 from hermes_vllm.memo import memoize_small
+from hermes_vllm.metrics import CACHE_HITS, CACHE_MISSES, COMPILE_SECONDS
 from hermes_vllm.schema import (
     Coverage,
     ToolSchemaError,
@@ -434,11 +435,15 @@ class ToolGrammarCompiler:
     def submit(self, prepared: PreparedTurn) -> Future[EngineGrammar]:
         """Start (or join) the compile of ``prepared`` on the background pool."""
         key = (prepared.spec.key(), self.engine.name, self.vocab.fingerprint)
-        return self.cache.get(key, lambda: self._compile_now(prepared.spec))
+        misses = self.cache.misses
+        future = self.cache.get(key, lambda: self._compile_now(prepared.spec))
+        (CACHE_MISSES if self.cache.misses != misses else CACHE_HITS).inc()
+        return future
 
     def _compile_now(self, spec: TurnSpec) -> EngineGrammar:
         start = time.perf_counter()
         grammar = self.engine.compile(spec)
+        COMPILE_SECONDS.observe(time.perf_counter() - start)
         logger.debug(
             "compiled %d tools (%s, %s) in %.1f ms, %d bytes",
             len(spec.tools),

@@ -144,12 +144,14 @@ def turn_spec(
     )
 
 
-def _unusable_choice(needed: Sequence[UnsatisfiableToolError]) -> ToolSchemaError:
+def _unusable_choice(needed: Sequence[UnsatisfiableToolError]) -> UnsatisfiableToolError:
     """The HTTP 400 of a ``tool_choice`` that requires a call, when no allowed tool can take one."""
     if len(needed) == 1:
         (only,) = needed
-        return ToolSchemaError(only.tool, only.path, f"{only.detail}; tool_choice requires a call to it")
+        return UnsatisfiableToolError(
+            only.tool, only.path, f"{only.detail}; tool_choice requires a call to it"
+        )
     listed = "; ".join(str(u) for u in needed)
-    return ToolSchemaError(
+    return UnsatisfiableToolError(
         None, "tool_choice", f"requires a call, and no call can satisfy any tool it allows: {listed}"
     )

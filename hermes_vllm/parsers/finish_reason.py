@@ -12,6 +12,11 @@ the mark finishes with ``"length"`` (vLLM then keeps it, and the Responses API r
 runs ``LLMEngine`` instead: :func:`install_offline` wraps its ``add_request`` and ``step`` the same
 way, and the general plugin installs it in every process.
 
+The same wrappers are the door :mod:`hermes_vllm.metrics` counts at: a finished output's calls by
+how each ended (``calls_total``, :func:`call_outcomes`), and a request our admission refused
+(``refused_requests_total`` and its log line, with the request's id, which ``validate_params``
+is not told).
+
 vLLM's non-streaming chat path (``OpenAIServingChat.chat_completion_full_generator``) replaces the
 engine's finish reason with ``"tool_calls"`` whenever the parser returned a call under
 ``tool_choice="auto"``, so a reply cut inside its second call claimed to have finished its calls,
@@ -38,7 +43,9 @@ from typing import Any
 
 from hermes_vllm.budget import MARK
 from hermes_vllm.constraint import has_constraint, parse_constraint
-from hermes_vllm.dialect import get_dialect
+from hermes_vllm.dialect import Dialect, get_dialect
+from hermes_vllm.metrics import CALLS, refused
+from hermes_vllm.spans import split_spans
 from hermes_vllm.vllm_api import touchpoints, vllm_attribute, wrap_attribute
 
 logger = logging.getLogger(__name__)
@@ -46,101 +53,128 @@ logger = logging.getLogger(__name__)
 _PATCHED = "__hermes_vllm_finish_reason__"
 _RESOLVER = "resolve_finish_reason"
 _SKIPPED = "hermes-vllm: %s: %s; a cut non-streaming reply keeps vLLM's finish_reason"
-_CLOSINGS = "_hermes_vllm_closings"
+_REPLIES = "_hermes_vllm_replies"
 _CLOSED_SKIPPED = "hermes-vllm: %s: %s; a reply holding a call the budget closed keeps its finish_reason"
 
 
-def closed_call_mark(sampling_params: Any) -> str | None:
-    """What a constrained request's output holds once the budget closed one of its calls (the
-    call's closing tag and the mark); ``None`` for a request we do not constrain."""
+def _reply(sampling_params: Any) -> _Reply | None:
+    """The :class:`_Reply` of a request we constrain; ``None`` for one we do not (or one our
+    admission refuses: vLLM's ``validate_params`` then raises, with the reason)."""
     extra_args = getattr(sampling_params, "extra_args", None)
     if not has_constraint(extra_args):
         return None
     try:
         request = parse_constraint(extra_args)
-    except ValueError:  # vLLM's own admission refuses it, with the reason
+    except ValueError:
         return None
-    return None if request is None else get_dialect(request.dialect).tool_call.end + MARK
-
-
-class _Closing:
-    """Follows one request's outputs: an output whose text came to hold ``mark`` finishes with
-    ``"length"`` where the engine said ``"stop"``."""
-
-    def __init__(self, mark: str, deltas: bool) -> None:
-        self.mark = mark
-        self.deltas = deltas
-        self.held: dict[int, str] = {}
-        """Per output index: the text's last characters (deltas), or ``mark`` once it was seen."""
-
-    def see(self, result: Any) -> None:
-        mark = self.mark
-        for output in result.outputs:
-            seen = self.held.get(output.index, "")
-            if seen != mark:
-                text = seen + output.text if self.deltas else output.text
-                self.held[output.index] = mark if mark in text else text[-len(mark) :]
-            if output.finish_reason == "stop" and self.held[output.index] == mark:
-                output.finish_reason = "length"
-                output.stop_reason = None
-
-
-def _closing(sampling_params: Any) -> _Closing | None:
-    """The :class:`_Closing` of a constrained request; ``None`` for one we do not constrain."""
-    mark = closed_call_mark(sampling_params)
-    if mark is None:
+    if request is None:
         return None
     deltas = getattr(getattr(sampling_params, "output_kind", None), "name", "") == "DELTA"
-    return _Closing(mark, deltas)
+    return _Reply(get_dialect(request.dialect), deltas)
 
 
-async def _closed_as_length(outputs: AsyncIterator[Any], closing: _Closing) -> AsyncIterator[Any]:
-    async with contextlib.aclosing(outputs):  # type: ignore[type-var]
-        async for result in outputs:
-            closing.see(result)
-            yield result
+def call_outcomes(text: str, dialect: Dialect) -> list[str]:
+    """How each call in a finished reply ended (:data:`hermes_vllm.metrics.OUTCOMES`): closed by
+    its tag (``complete``), closed by the budget's completer (its tag followed by :data:`MARK`:
+    ``budget_closed``), or left open when the reply ended (``cut``). Tags inside reasoning spans
+    are text, as the grammar reads them."""
+    return [
+        "cut" if not span.closed else "budget_closed" if text.startswith(MARK, span.end) else "complete"
+        for span in split_spans(text, dialect, strict=True)
+        if span.kind == "call"
+    ]
+
+
+class _Reply:
+    """Follows one constrained request's outputs: an output whose text came to hold the mark of a
+    call the budget closed finishes with ``"length"`` where the engine said ``"stop"``; a finished
+    output's calls are counted (``calls_total``), once per output."""
+
+    def __init__(self, dialect: Dialect, deltas: bool) -> None:
+        self.dialect = dialect
+        self.mark = dialect.tool_call.end + MARK
+        self.deltas = deltas
+        self.pieces: dict[int, list[str]] = {}
+        """Per output index, the text so far (deltas only; other outputs carry it whole)."""
+        self.closed: set[int] = set()
+        """The output indexes whose text holds :attr:`mark`."""
+
+    def see(self, result: Any) -> None:
+        for output in result.outputs:
+            index = output.index
+            if self.deltas:
+                self.pieces.setdefault(index, []).append(output.text)
+            if output.finish_reason is None:
+                continue
+            text = "".join(self.pieces.pop(index, ())) if self.deltas else output.text
+            if self.mark in text:
+                self.closed.add(index)
+            if output.finish_reason == "stop" and index in self.closed:
+                output.finish_reason = "length"
+                output.stop_reason = None
+            for outcome in call_outcomes(text, self.dialect):
+                CALLS.inc(outcome)
+
+
+async def _followed(outputs: AsyncIterator[Any], reply: _Reply | None, request_id: Any) -> AsyncIterator[Any]:
+    try:
+        async with contextlib.aclosing(outputs):  # type: ignore[type-var]
+            async for result in outputs:
+                if reply is not None:
+                    reply.see(result)
+                yield result
+    except Exception as err:
+        refused(err, str(request_id))
+        raise
 
 
 def _wrap_generate(generate: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(generate)
     def wrapped(self: Any, prompt: Any, sampling_params: Any, *args: Any, **kwargs: Any) -> Any:
         outputs = generate(self, prompt, sampling_params, *args, **kwargs)
-        closing = _closing(sampling_params)
-        return outputs if closing is None else _closed_as_length(outputs, closing)
+        if not has_constraint(getattr(sampling_params, "extra_args", None)):
+            return outputs
+        request_id = args[0] if args else kwargs.get("request_id")
+        return _followed(outputs, _reply(sampling_params), request_id)
 
     return wrapped
 
 
 def _wrap_add_request(add_request: Callable[..., Any]) -> Callable[..., Any]:
-    """The offline engine's ``add_request``: a constrained request's outputs are followed by the
-    :class:`_Closing` noted under its id (the id its outputs carry)."""
+    """The offline engine's ``add_request``: a refusal of ours is counted and logged under the
+    request's id; a constrained request's outputs are followed by the :class:`_Reply` noted under
+    its id (the id its outputs carry)."""
 
     @functools.wraps(add_request)
     def wrapped(self: Any, request_id: str, prompt: Any, params: Any, *args: Any, **kwargs: Any) -> Any:
-        added = add_request(self, request_id, prompt, params, *args, **kwargs)
-        closing = _closing(getattr(prompt, "params", None) or params)
-        if closing is not None:
-            self.__dict__.setdefault(_CLOSINGS, {})[request_id] = closing
+        try:
+            added = add_request(self, request_id, prompt, params, *args, **kwargs)
+        except Exception as err:
+            refused(err, request_id)
+            raise
+        reply = _reply(getattr(prompt, "params", None) or params)
+        if reply is not None:
+            self.__dict__.setdefault(_REPLIES, {})[request_id] = reply
         return added
 
     return wrapped
 
 
 def _wrap_step(step: Callable[..., Any]) -> Callable[..., Any]:
-    """The offline engine's ``step``: each output of a noted request passes its :class:`_Closing`."""
+    """The offline engine's ``step``: each output of a noted request passes its :class:`_Reply`."""
 
     @functools.wraps(step)
     def wrapped(self: Any) -> Any:
         outputs = step(self)
-        closings: dict[str, _Closing] = self.__dict__.get(_CLOSINGS, {})
-        if closings:
+        replies: dict[str, _Reply] = self.__dict__.get(_REPLIES, {})
+        if replies:
             for result in outputs:
                 request_id = getattr(result, "request_id", None)
-                if not isinstance(request_id, str) or request_id not in closings:
+                if not isinstance(request_id, str) or request_id not in replies:
                     continue
-                closings[request_id].see(result)
+                replies[request_id].see(result)
                 if getattr(result, "finished", False):
-                    del closings[request_id]
+                    del replies[request_id]
         return outputs
 
     return wrapped

@@ -25,6 +25,7 @@ its compile had finished, so every tensor-parallel worker applies the same masks
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
@@ -52,6 +53,7 @@ from hermes_vllm.grammar.engines import get_engine_class
 from hermes_vllm.grammar.engines.base import EngineGrammar, allocate_bitmask, token_allowed
 from hermes_vllm.grammar.turn import TurnSpec
 from hermes_vllm.memo import memoize_small
+from hermes_vllm.metrics import Refusal, record_step
 from hermes_vllm.processor.token_index import TokenIndex
 from hermes_vllm.settings import Limits, get_limits
 from hermes_vllm.spans import TextFollower, open_at_end
@@ -87,19 +89,21 @@ def validate_request(
         return request
     unknown = turn.needs.completer.unknown()
     if unknown:
-        raise ValueError(
+        raise Refusal(
+            "no_shortest_value",
             f"{'; '.join(unknown)}: the call this tool_choice requires could not be "
-            "promised within max_tokens; simplify that schema"
+            "promised within max_tokens; simplify that schema",
         )
     if max_tokens is not None and speller is not None:
         shortest = turn.needs.shortest_call(speller)
         reserve = turn_reserve(request, engine, speller)
         if shortest is not None and max_tokens < reserve:
             mark = " and the mark of a call the budget closes" if request.budget.closes(True) else ""
-            raise ValueError(
+            raise Refusal(
+                "budget_too_small",
                 f"max_tokens={max_tokens} cannot hold the shortest call this tool_choice "
                 f"requires: {reserve} tokens (for {shortest!r}{mark}, plus a margin of "
-                f"{turn.needs.margin}, HERMES_VLLM_BUDGET_MARGIN); raise max_tokens"
+                f"{turn.needs.margin}, HERMES_VLLM_BUDGET_MARGIN); raise max_tokens",
             )
     return request
 
@@ -112,16 +116,18 @@ def _check_answer(turn: Turn, max_tokens: int | None, speller: Speller | None) -
         return
     unknown = answer.unknown()
     if unknown:
-        raise ValueError(
+        raise Refusal(
+            "no_shortest_value",
             f"{'; '.join(unknown)}: the answer this turn owes could not be promised within "
-            "max_tokens; simplify that schema"
+            "max_tokens; simplify that schema",
         )
     needed = 0 if speller is None else turn.needs.answer_reserve(speller)
     if max_tokens is not None and max_tokens < needed:
-        raise ValueError(
+        raise Refusal(
+            "budget_too_small",
             f"max_tokens={max_tokens} cannot hold the shortest answer the response_format asks "
             f"for: {needed} tokens (its shortest spelling plus a margin of "
-            f"{turn.needs.margin}, HERMES_VLLM_BUDGET_MARGIN); raise max_tokens"
+            f"{turn.needs.margin}, HERMES_VLLM_BUDGET_MARGIN); raise max_tokens",
         )
 
 
@@ -141,11 +147,12 @@ def refuse_structured_outputs(request: ConstraintRequest, structured: Any) -> No
     """
     kinds = [k for k in STRUCTURED_KINDS if getattr(structured, k, None) not in (None, False)]
     named = ", ".join(f"structured_outputs.{k}" for k in kinds) or "structured_outputs"
-    raise ValueError(
+    raise Refusal(
+        "combination",
         f"hermes-vllm cannot serve tools (tool_choice={request.tool_choice!r}) together with {named}: "
         "vLLM's structured output would mask the tool calls; send the answer's JSON schema as "
         "response_format (or structured_outputs.json) beside the tools, which the turn grammar "
-        "serves, or drop one of the two"
+        "serves, or drop one of the two",
     )
 
 
@@ -705,6 +712,7 @@ class ConstraintCore:
         lookup and, when the token cannot touch a tag, go no further: the common case costs one
         pass of this loop and nothing in :meth:`mask`.
         """
+        start = time.perf_counter()
         quiet_rows: list[int] = []
         quiet_states: list[RowState] = []
         quiet_tokens: list[int] = []
@@ -729,7 +737,10 @@ class ConstraintCore:
                 state.consumed -= 1
                 self.advance(state, (quiet_tokens[i],))
                 active.append((quiet_rows[i], state))
-        return self.mask(logits, active)
+        masked = self.mask(logits, active)
+        if updates:
+            record_step(len(updates), time.perf_counter() - start)
+        return masked
 
     def mask(self, logits: torch.Tensor, rows: Sequence[tuple[int, RowState]]) -> torch.Tensor:
         """Fill the step's bitmask for ``(logits_row, state)`` pairs and apply it in place."""

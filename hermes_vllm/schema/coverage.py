@@ -28,6 +28,10 @@ logger = logging.getLogger(__name__)
 Coverage = Literal["strict", "lenient"]
 
 
+class UnsupportedKeywordError(ToolSchemaError):
+    """A strict-coverage refusal: a keyword the request's engine cannot enforce."""
+
+
 @dataclass(frozen=True)
 class UncoveredKeyword:
     """A keyword the engine would silently ignore, and where it sits."""
@@ -140,7 +144,7 @@ def check_coverage(
             listed = ", ".join(
                 f"'{m.keyword}' at {m.path}" + (f" ({m.reason})" if m.reason else "") for m in missing
             )
-            raise ToolSchemaError(
+            raise UnsupportedKeywordError(
                 spec.name,
                 "",
                 f"the {engine} engine cannot enforce {listed}; remove the keyword, or pass "

@@ -341,6 +341,20 @@ OFFLINE_ADD = _point(
 OFFLINE_STEP = _point(
     "vllm.v1.engine.llm_engine:LLMEngine.step", "wrap", "parsers/finish_reason.py", "as OFFLINE_ADD"
 )
+OFFLINE_METRICS = _point(
+    "vllm.v1.engine.llm_engine:LLMEngine.get_metrics",
+    "wrap",
+    "processor/exposition.py",
+    "offline get_metrics() leaves out the hermes_vllm: series (a warning says so); /metrics keeps them",
+)
+METRIC_TYPES = tuple(
+    _point(f"vllm.v1.metrics.reader:{name}", "type", "processor/exposition.py", "as OFFLINE_METRICS", *fields)
+    for name, fields in (
+        ("Counter", ("name", "labels", "value")),
+        ("Gauge", ("name", "labels", "value")),
+        ("Histogram", ("name", "labels", "count", "sum", "buckets")),
+    )
+)
 RESPONSES_TOOLS = _point(
     "vllm.entrypoints.openai.responses.utils:construct_tool_dicts",
     "call",
@@ -405,7 +419,8 @@ TOUCH_POINTS: tuple[TouchPoint, ...] = (
     GRAMMAR, MANAGER_INIT, MANAGER_GRAMMAR_INIT, MANAGER_CREATE, STRUCTURED_PARAMS,
     TOOL_PARSER, REASONING_PARSER, REASONING_END, *REASONING_END_MEMBERS, TOOL_PARSERS, REASONING_PARSERS,
     GET_PARSER, CHAT_FULL, OFFLINE_ADD,
-    OFFLINE_STEP, RESPONSES_TOOLS, *PROTOCOL, CHAT_REQUEST, RESPONSES_REQUEST, TOOL_CALL_ID,
+    OFFLINE_STEP, OFFLINE_METRICS, *METRIC_TYPES, RESPONSES_TOOLS, *PROTOCOL, CHAT_REQUEST, RESPONSES_REQUEST,
+    TOOL_CALL_ID,
     SERVER, ENGINE_ARGS, TRITON_FLAG, VERSION,
 )
 # fmt: on
