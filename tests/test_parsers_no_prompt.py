@@ -82,7 +82,8 @@ CASES = [
     ("Plan it.</think>The answer.", ("Plan it.", "The answer."), ("Plan it.", "The answer.")),
     ("Plan it.</think>", ("Plan it.", None), ("Plan it.", None)),
     ("</think>The answer.", (None, "The answer."), (None, "The answer.")),
-    ("<think>Plan it.</think>The answer.", ("Plan it.", "The answer."), None),
+    ("<think>Plan it.</think>The answer.", ("Plan it.", "The answer."), ("Plan it.", "The answer.")),
+    ("<think>Plan it.", ("Plan it.", None), ("Plan it.", None)),
     ("The answer.", (None, "The answer."), ("The answer.", None)),
     ("Say <think>hm</think> ok", ("hm", "Say  ok"), None),
 ]
@@ -119,3 +120,13 @@ def test_reasoning_end_and_content_ids_read_the_output_alone_the_same_way(qwen3:
     assert parser.extract_content_ids(ids) == qwen3.encode("The answer.", add_special_tokens=False)
     assert parser.count_reasoning_tokens(ids) == len(qwen3.encode("Plan it.", add_special_tokens=False))
     assert not parser.is_reasoning_end(qwen3.encode("The answer.", add_special_tokens=False))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_thinking_switched_off_reads_the_output_as_written(opening: Any, name: str) -> None:
+    """``enable_thinking=False`` (vLLM passes ``chat_template_kwargs``): nothing is open, whatever the
+    template writes (Thinking-2507's opens ``<think>`` regardless)."""
+    parser = ReasoningParserManager.get_reasoning_parser(name)(
+        opening, chat_template_kwargs={"enable_thinking": False}
+    )
+    assert parser.extract_reasoning("Just the answer.", request()) == (None, "Just the answer.")

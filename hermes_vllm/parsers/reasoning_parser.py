@@ -68,9 +68,12 @@ class DialectReasoningParser(ReasoningParser):  # type: ignore[misc]
         super().__init__(tokenizer, *args, **kwargs)
         self.dialect = get_dialect(self.dialect_name)
         thinking = (kwargs.get("chat_template_kwargs") or {}).get("enable_thinking")
-        self._opened = template_opened(tokenizer, self.dialect.name, thinking)
+        # Thinking switched off by the caller: no span is open, whatever the template writes.
+        self._opened = None if thinking is False else template_opened(tokenizer, self.dialect.name, thinking)
         self._prompt: list[int] | None = None
-        self._stream = SpanStream(self.dialect, "stop", opened=self._opened, prompt_unknown=True)
+        self._unknown = thinking is not False
+        """No prompt shown and thinking not switched off: the output's own tags may say more."""
+        self._stream = SpanStream(self.dialect, "stop", opened=self._opened, prompt_unknown=self._unknown)
 
     def adjust_initial_state_from_prompt(self, prompt_token_ids: Sequence[int]) -> None:
         """Start inside the span the prompt leaves open, if any (vLLM's hook, called before the
@@ -108,7 +111,7 @@ class DialectReasoningParser(ReasoningParser):  # type: ignore[misc]
         """
         text = turn_text(self.model_tokenizer, self.vocab, input_ids, self.dialect)
         if self._prompt is None:
-            if self.vocab.get(self.dialect.turn.begin) not in input_ids:  # the output alone
+            if self._unknown and self.vocab.get(self.dialect.turn.begin) not in input_ids:  # the output
                 tags = unopened_reasoning(text, self.dialect)
                 text = (tags.begin if tags is not None else "") + text
         elif list(input_ids[: len(self._prompt)]) != self._prompt:
@@ -171,8 +174,10 @@ class DialectReasoningParser(ReasoningParser):  # type: ignore[misc]
         with none shown, the template) left open; with no prompt shown, also a reasoning span
         whose closing tag ``output`` holds before any opening tag."""
         if self._opened is not None:
+            if self._prompt is None and self._unknown and output.startswith(self._opened.begin):
+                return ""  # the output opens the span itself, where the template would have
             return self._opened.begin
-        tags = unopened_reasoning(output, self.dialect) if self._prompt is None else None
+        tags = unopened_reasoning(output, self.dialect) if self._prompt is None and self._unknown else None
         return "" if tags is None else tags.begin
 
     def count_reasoning_tokens(self, token_ids: Sequence[int]) -> int:
@@ -209,9 +214,11 @@ class DialectReasoningParser(ReasoningParser):  # type: ignore[misc]
         end = self.vocab.get(tags.end)
         if end is None:
             return input_ids
-        opener = self._opener(str(self.model_tokenizer.decode(input_ids)))
+        opener: str | None = None  # read once a closing tag is found (the whole output decoded)
         for i, token in enumerate(input_ids):
             if token == end and i + 1 < len(input_ids):
+                if opener is None:
+                    opener = self._opener(str(self.model_tokenizer.decode(input_ids)))
                 inside = open_at_end(opener + str(self.model_tokenizer.decode(input_ids[:i])), self.dialect)
                 if inside is not None and inside.tags == tags:
                     return input_ids[i + 1 :]
@@ -227,7 +234,7 @@ class DialectReasoningParser(ReasoningParser):  # type: ignore[misc]
             if cut is not None:
                 before = SpanStream(self.dialect, "raw").read(text[:cut])
                 return before.reasoning or None, before.content + text[cut:] or None
-        unknown = self._prompt is None
+        unknown = self._prompt is None and self._unknown
         released = SpanStream(self.dialect, "raw", opened=self._opened, prompt_unknown=unknown).read(
             model_output
         )

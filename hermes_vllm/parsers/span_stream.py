@@ -26,8 +26,10 @@ never released. A reader that was shown no prompt (``prompt_unknown``) cannot kn
 starts inside reasoning: it holds the output back until the text decides (as
 :func:`~hermes_vllm.spans.unopened_reasoning` reads it): a reasoning span's closing tag before any
 opening tag means the prompt opened that span; an opening tag first, or the end of the output,
-means the text stands where it was written. Nothing is released before that, so nothing released
-is ever taken back, and a whole reply and its stream read alike.
+means the text stands where it was written. Given ``opened`` too (the tokenizer's template opens
+the span), an output that starts with that opening tag itself is read as written instead.
+Nothing is released before that, so nothing released is ever taken back, and a whole reply and
+its stream read alike.
 """
 
 from __future__ import annotations
@@ -126,7 +128,8 @@ class SpanStream:
         """While a call waits: a new closing tag must start here before it can end (a cheap test)."""
         self._finished = False
         self.stopped = False
-        self._undecided = prompt_unknown and opened is None and bool(dialect.reasoning)
+        self._preset = opened
+        self._undecided = prompt_unknown and bool(dialect.reasoning)
         """No prompt shown and nothing yet says whether the output starts inside reasoning."""
 
     def feed(self, delta: str) -> Released:
@@ -164,6 +167,15 @@ class SpanStream:
     def _decided(self) -> bool:
         """Whether the reader knows where the output starts; decides it once the text can."""
         if not self._undecided:
+            return True
+        if self._preset is not None:  # the template's reading, unless the output opens the span itself
+            begin = self._preset.begin
+            output = self._text[len(begin) :]
+            if begin.startswith(output) and not self._finished:
+                return False
+            if output.startswith(begin):
+                self._text, self._cur = output, _Cursor()
+            self._undecided = False
             return True
         tags = unopened_reasoning(self._text, self.dialect)
         if tags is not None:  # the prompt opened it: read as if its opening tag came first
