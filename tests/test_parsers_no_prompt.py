@@ -84,6 +84,7 @@ CASES = [
     ("</think>The answer.", (None, "The answer."), (None, "The answer.")),
     ("<think>Plan it.</think>The answer.", ("Plan it.", "The answer."), ("Plan it.", "The answer.")),
     ("<think>Plan it.", ("Plan it.", None), ("Plan it.", None)),
+    ("\n<think>Plan it.</think>Go", ("Plan it.", "\nGo"), ("Plan it.", "\nGo")),
     ("The answer.", (None, "The answer."), ("The answer.", None)),
     ("Say <think>hm</think> ok", ("hm", "Say  ok"), None),
 ]

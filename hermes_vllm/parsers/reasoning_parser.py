@@ -174,7 +174,7 @@ class DialectReasoningParser(ReasoningParser):  # type: ignore[misc]
         with none shown, the template) left open; with no prompt shown, also a reasoning span
         whose closing tag ``output`` holds before any opening tag."""
         if self._opened is not None:
-            if self._prompt is None and self._unknown and output.startswith(self._opened.begin):
+            if self._prompt is None and self._unknown and output.lstrip().startswith(self._opened.begin):
                 return ""  # the output opens the span itself, where the template would have
             return self._opened.begin
         tags = unopened_reasoning(output, self.dialect) if self._prompt is None and self._unknown else None

@@ -27,7 +27,7 @@ starts inside reasoning: it holds the output back until the text decides (as
 :func:`~hermes_vllm.spans.unopened_reasoning` reads it): a reasoning span's closing tag before any
 opening tag means the prompt opened that span; an opening tag first, or the end of the output,
 means the text stands where it was written. Given ``opened`` too (the tokenizer's template opens
-the span), an output that starts with that opening tag itself is read as written instead.
+the span), an output that starts with that opening tag itself (after whitespace) is read as written.
 Nothing is released before that, so nothing released is ever taken back, and a whole reply and
 its stream read alike.
 """
@@ -171,9 +171,9 @@ class SpanStream:
         if self._preset is not None:  # the template's reading, unless the output opens the span itself
             begin = self._preset.begin
             output = self._text[len(begin) :]
-            if begin.startswith(output) and not self._finished:
+            if begin.startswith(output.lstrip()) and not self._finished:
                 return False
-            if output.startswith(begin):
+            if output.lstrip().startswith(begin):
                 self._text, self._cur = output, _Cursor()
             self._undecided = False
             return True
