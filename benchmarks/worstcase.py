@@ -3,7 +3,7 @@
     python benchmarks/worstcase.py [--sets 4] [--stride 8] [--rotate] [--jobs 2]
                                    [--engines xgrammar llguidance outlines] [--shapes N]
                                    [--samplers ...] [--tokenizer mistral-v1] [--out PATH.json]
-                                   [--write-every N] [--resume] [--generated]
+                                   [--write-every N] [--resume] [--generated [--models NAME ...]]
                                    [--runner core|v2-0.33|v2-0.34]
 
 Every sampler of :mod:`hermes_vllm.testing.adversary` plays ``required``, named and ``auto`` turns
@@ -163,8 +163,12 @@ def _generated() -> dict[str, GeneratedTool]:
 def _shapes(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
     if args.generated:
         agent = _generated()
-        shapes = {f"{GENERATED}{g.id}": [g.tool["function"]] for g in generated_tools()}
-        shapes[f"{GENERATED}agent set ({len(agent)} tools)"] = [g.tool["function"] for g in agent.values()]
+        played = [g for g in generated_tools() if not args.models or g.model.__name__ in args.models]
+        shapes = {f"{GENERATED}{g.id}": [g.tool["function"]] for g in played}
+        if not args.models:
+            shapes[f"{GENERATED}agent set ({len(agent)} tools)"] = [
+                g.tool["function"] for g in agent.values()
+            ]
         return shapes
     shapes = dict(list(SHAPES.items())[: args.shapes])
     for n, tools in enumerate(sample_tool_sets(args.sets, seed=args.seed)):
@@ -439,6 +443,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the generated-schema corpus (pydantic, allOf, openai strict) instead of the shapes and sets,"
         " judged by each tool's pydantic model too",
+    )
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        default=[],
+        help="with --generated: only these models' tools, each alone (no agent set), e.g. Tally",
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")

@@ -350,3 +350,20 @@ def open_at_end(prompt: str, dialect: Dialect) -> Span | None:
     if span is None or span.kind == "call":
         return None
     return Span(span.kind, base + span.start, base + span.end, span.body, closed=False, tags=span.tags)
+
+
+def unopened_reasoning(text: str, dialect: Dialect) -> TagPair | None:
+    """The reasoning span ``text`` starts inside when it holds that span's closing tag before any
+    opening tag: a prompt nobody showed the reader opened it.
+
+    What vLLM's qwen3 and deepseek_r1 parsers read, built with no prompt: ``reasoning</think>
+    answer`` is reasoning ``reasoning``. ``None`` while no such closing tag is in ``text`` (or an
+    opening tag comes first): the text then stands where it was written.
+    """
+    openers = [p.begin for p in (dialect.tool_call, *dialect.free_spans)]
+    first = min((at for tag in openers if (at := text.find(tag)) != -1), default=len(text))
+    for tags in dialect.reasoning:
+        at = text.find(tags.end)
+        if at != -1 and at < first:
+            return tags
+    return None

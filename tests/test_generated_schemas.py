@@ -35,6 +35,7 @@ REFUSES: dict[str, dict[str, tuple[str, ...]]] = {
         "CreateTicket": ("maxLength",),
         "Schedule": ("maximum", "minimum", "maxLength"),
         "PlanMeeting": ("multipleOf",),
+        "Tally": ("pattern",),
         "plan_route": ("maximum", "minimum"),
         "book_tableArguments": ("maximum", "minimum"),
         "notify_stopsArguments": ("maxLength", "maximum", "minimum"),
@@ -42,7 +43,8 @@ REFUSES: dict[str, dict[str, tuple[str, ...]]] = {
     },
 }
 """What an engine refuses in the corpus, by name: its documented limits (an unbounded integer
-``multipleOf`` is xgrammar's alone; outlines-core has no string lengths or number bounds)."""
+``multipleOf`` is xgrammar's alone; outlines-core has no string lengths, number bounds or patterns,
+and a string holding JSON is one)."""
 
 
 def _arguments(call: str) -> Any:

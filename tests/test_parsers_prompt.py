@@ -173,6 +173,8 @@ def test_content_ids_are_those_after_the_first_reasoning_span(qwen3: Any, name: 
     assert parser.extract_content_ids(enc("<think>a b</think>Done.")) == enc("Done.")
     assert parser.extract_content_ids(enc("<think>a b</think>")) == []  # nothing after it
     assert parser.extract_content_ids(enc("<think>a b")) == []  # reasoning goes on
+    assert parser.extract_content_ids(enc("no span</think>yet")) == enc("yet")  # no prompt shown
+    parser.adjust_initial_state_from_prompt(prompt(qwen3, None))
     assert parser.extract_content_ids(enc("no span</think>yet")) == []  # a stray tag closes nothing
     parser.adjust_initial_state_from_prompt(prompt(qwen3, "deepseek_r1"))
     assert parser.extract_content_ids(enc("a b</think>Done.")) == enc("Done.")

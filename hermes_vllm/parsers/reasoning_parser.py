@@ -20,7 +20,12 @@ Qwen3-Thinking-2507, Qwen 3.5 and DeepSeek-R1 templates), the output starts insi
 ``\n\nHello!``, as vLLM's qwen3 and deepseek_r1 parsers read it. vLLM shows the parser the
 prompt through :meth:`~DialectReasoningParser.adjust_initial_state_from_prompt` (streaming, its
 own hook) and ``set_prompt_token_ids`` (non-streaming, forwarded by
-:mod:`hermes_vllm.parsers.prompt_state`); until then the tokenizer's own template decides.
+:mod:`hermes_vllm.parsers.prompt_state`). A parser shown no prompt (built directly: offline
+pipelines, evaluation harnesses, vLLM's own parser tests) reads as vLLM's thinking parsers do:
+where the tokenizer's own template opens ``<think>`` in its generation prompt the output starts
+inside it, and otherwise a ``</think>`` with no opening tag before it means the prompt opened the
+span, so what precedes it is reasoning, whole and streamed (a stream holds the text back until a
+tag or the end decides, see :class:`~hermes_vllm.parsers.span_stream.SpanStream`).
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from hermes_vllm.parsers.shared import (
     turn_text,
 )
 from hermes_vllm.parsers.span_stream import SpanStream
-from hermes_vllm.spans import open_at_end, split_spans
+from hermes_vllm.spans import open_at_end, split_spans, unopened_reasoning
 
 if TYPE_CHECKING:
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
@@ -63,9 +68,12 @@ class DialectReasoningParser(ReasoningParser):  # type: ignore[misc]
         super().__init__(tokenizer, *args, **kwargs)
         self.dialect = get_dialect(self.dialect_name)
         thinking = (kwargs.get("chat_template_kwargs") or {}).get("enable_thinking")
-        self._opened = template_opened(tokenizer, self.dialect.name, thinking)
+        # Thinking switched off by the caller: no span is open, whatever the template writes.
+        self._opened = None if thinking is False else template_opened(tokenizer, self.dialect.name, thinking)
         self._prompt: list[int] | None = None
-        self._stream = SpanStream(self.dialect, "stop", opened=self._opened)
+        self._unknown = thinking is not False
+        """No prompt shown and thinking not switched off: the output's own tags may say more."""
+        self._stream = SpanStream(self.dialect, "stop", opened=self._opened, prompt_unknown=self._unknown)
 
     def adjust_initial_state_from_prompt(self, prompt_token_ids: Sequence[int]) -> None:
         """Start inside the span the prompt leaves open, if any (vLLM's hook, called before the
@@ -96,11 +104,18 @@ class DialectReasoningParser(ReasoningParser):  # type: ignore[misc]
         the output so far (the output grammar starts after reasoning). The turn begins after the
         last turn marker; it is decoded, so text tags and special-token tags read alike. Ids
         that are not the prompt this parser was shown are the output alone: they start inside
-        the span that prompt left open.
+        the span that prompt left open. Shown no prompt, ids holding a turn marker hold the prompt
+        (vLLM's structured-output manager asks of the prompt and the output together) and are read
+        as they are; ids without one are the output alone, inside reasoning where they hold a
+        closing tag with no opening before it.
         """
         text = turn_text(self.model_tokenizer, self.vocab, input_ids, self.dialect)
-        if self._prompt is not None and list(input_ids[: len(self._prompt)]) != self._prompt:
-            text = self._opener + text  # the output alone, after a prompt this parser was shown
+        if self._prompt is None:
+            if self._unknown and self.vocab.get(self.dialect.turn.begin) not in input_ids:  # the output
+                tags = unopened_reasoning(text, self.dialect)
+                text = (tags.begin if tags is not None else "") + text
+        elif list(input_ids[: len(self._prompt)]) != self._prompt:
+            text = self._opener(text) + text  # the output alone, after a prompt this parser was shown
         spans = split_spans(text, self.dialect)
         return any(s.kind == "reasoning" for s in spans) and spans[-1].closed
 
@@ -154,10 +169,16 @@ class DialectReasoningParser(ReasoningParser):  # type: ignore[misc]
                 return None
         return ReasoningEnd(len(token_ids), False)
 
-    @property
-    def _opener(self) -> str:
-        """The opening tag of the span the output starts inside, or ``""``."""
-        return self._opened.begin if self._opened is not None else ""
+    def _opener(self, output: str) -> str:
+        """The opening tag of the span ``output`` starts inside, or ``""``: the one the prompt (or,
+        with none shown, the template) left open; with no prompt shown, also a reasoning span
+        whose closing tag ``output`` holds before any opening tag."""
+        if self._opened is not None:
+            if self._prompt is None and self._unknown and output.lstrip().startswith(self._opened.begin):
+                return ""  # the output opens the span itself, where the template would have
+            return self._opened.begin
+        tags = unopened_reasoning(output, self.dialect) if self._prompt is None and self._unknown else None
+        return "" if tags is None else tags.begin
 
     def count_reasoning_tokens(self, token_ids: Sequence[int]) -> int:
         """The output's tokens inside reasoning and hidden spans, tags excluded: what vLLM reports
@@ -168,7 +189,7 @@ class DialectReasoningParser(ReasoningParser):  # type: ignore[misc]
         """
         pieces = served_vocabulary(self.model_tokenizer).vocab.latin1
         text = [pieces[t] if 0 <= t < len(pieces) else "" for t in token_ids]
-        opener = self._opener
+        opener = self._opener("".join(text))
         starts = list(accumulate((len(p) for p in text), initial=len(opener)))
         count = 0
         for span in split_spans(opener + "".join(text), self.dialect):
@@ -193,11 +214,12 @@ class DialectReasoningParser(ReasoningParser):  # type: ignore[misc]
         end = self.vocab.get(tags.end)
         if end is None:
             return input_ids
+        opener: str | None = None  # read once a closing tag is found (the whole output decoded)
         for i, token in enumerate(input_ids):
             if token == end and i + 1 < len(input_ids):
-                inside = open_at_end(
-                    self._opener + str(self.model_tokenizer.decode(input_ids[:i])), self.dialect
-                )
+                if opener is None:
+                    opener = self._opener(str(self.model_tokenizer.decode(input_ids)))
+                inside = open_at_end(opener + str(self.model_tokenizer.decode(input_ids[:i])), self.dialect)
                 if inside is not None and inside.tags == tags:
                     return input_ids[i + 1 :]
         return []
@@ -207,12 +229,15 @@ class DialectReasoningParser(ReasoningParser):  # type: ignore[misc]
     ) -> tuple[str | None, str | None]:
         if own_constraint(request):
             # As a stream reads it: reasoning up to the first call tag, then the text as written.
-            text = self._opener + model_output
+            text = self._opener(model_output) + model_output
             cut = next((s.start for s in split_spans(text, self.dialect) if s.kind == "call"), None)
             if cut is not None:
                 before = SpanStream(self.dialect, "raw").read(text[:cut])
                 return before.reasoning or None, before.content + text[cut:] or None
-        released = SpanStream(self.dialect, "raw", opened=self._opened).read(model_output)
+        unknown = self._prompt is None and self._unknown
+        released = SpanStream(self.dialect, "raw", opened=self._opened, prompt_unknown=unknown).read(
+            model_output
+        )
         return released.reasoning or None, released.content or None
 
     def extract_reasoning_streaming(
@@ -233,5 +258,6 @@ class DialectReasoningParser(ReasoningParser):  # type: ignore[misc]
         return self._stream.stopped
 
     def finish_streaming(self) -> DeltaMessage | None:
-        """Nothing is buffered for the end: vLLM calls this at the hand-over and at the end."""
-        return None
+        """At the end of the output, what a stream shown no prompt still held undecided (text with
+        no tag: content); nothing at the hand-over, whose delta carried all it had."""
+        return None if self._stream.stopped else delta_message(self._stream.finish())

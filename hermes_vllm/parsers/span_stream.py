@@ -22,7 +22,14 @@ not content: trailing whitespace of the visible text is held until more visible 
 
 A reader may start inside a span the prompt opened (``opened``: the generation prompt ended with
 ``<think>``): the output is then read as if that opening tag preceded it, and the tag itself is
-never released.
+never released. A reader that was shown no prompt (``prompt_unknown``) cannot know whether it
+starts inside reasoning: it holds the output back until the text decides (as
+:func:`~hermes_vllm.spans.unopened_reasoning` reads it): a reasoning span's closing tag before any
+opening tag means the prompt opened that span; an opening tag first, or the end of the output,
+means the text stands where it was written. Given ``opened`` too (the tokenizer's template opens
+the span), an output that starts with that opening tag itself (after whitespace) is read as written.
+Nothing is released before that, so nothing released is ever taken back, and a whole reply and
+its stream read alike.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from typing import Literal
 
 from hermes_vllm.dialect import Dialect, TagPair
 from hermes_vllm.formats.payload import dump_json, parse_call_payload
-from hermes_vllm.spans import Span, partial_tag_suffix, payload_end, split_spans
+from hermes_vllm.spans import Span, partial_tag_suffix, payload_end, split_spans, unopened_reasoning
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +115,7 @@ class SpanStream:
         calls: CallMode = "parse",
         free_spans_as_text: bool = False,
         opened: TagPair | None = None,
+        prompt_unknown: bool = False,
     ) -> None:
         self.dialect = dialect
         self._calls = calls
@@ -120,12 +128,15 @@ class SpanStream:
         """While a call waits: a new closing tag must start here before it can end (a cheap test)."""
         self._finished = False
         self.stopped = False
+        self._preset = opened
+        self._undecided = prompt_unknown and bool(dialect.reasoning)
+        """No prompt shown and nothing yet says whether the output starts inside reasoning."""
 
     def feed(self, delta: str) -> Released:
         """Append ``delta`` and release what has become final."""
         self._text += delta
         out = Released()
-        if self.stopped or not self._open_call_may_close():
+        if self.stopped or not self._decided() or not self._open_call_may_close():
             return out
         start = dataclasses.replace(self._cur)
         while self._step(out):
@@ -148,9 +159,32 @@ class SpanStream:
         out = Released()
         self._finished = True
         self._call_end_from = None
+        self._decided()
         while self._step(out):
             pass
         return out
+
+    def _decided(self) -> bool:
+        """Whether the reader knows where the output starts; decides it once the text can."""
+        if not self._undecided:
+            return True
+        if self._preset is not None:  # the template's reading, unless the output opens the span itself
+            begin = self._preset.begin
+            output = self._text[len(begin) :]
+            if begin.startswith(output.lstrip()) and not self._finished:
+                return False
+            if output.lstrip().startswith(begin):
+                self._text, self._cur = output, _Cursor()
+            self._undecided = False
+            return True
+        tags = unopened_reasoning(self._text, self.dialect)
+        if tags is not None:  # the prompt opened it: read as if its opening tag came first
+            self._text = tags.begin + self._text
+            self._cur = _Cursor(done=len(tags.begin), open_tags=tags)
+        elif not self._finished and not any(tag in self._text for tag in self._openers):
+            return False
+        self._undecided = False
+        return True
 
     def _open_call_may_close(self) -> bool:
         if (

@@ -24,6 +24,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
+from hermes_vllm.schema.content import json_content_patterns
 from hermes_vllm.schema.formats import keep_enforced_formats
 from hermes_vllm.schema.spec import JSON, ToolSchemaError, pointer
 from hermes_vllm.schema.tree import CONSTRAINING, depth, iter_subschemas, resolve_ref
@@ -425,6 +426,104 @@ def open_containers(schema: JSON) -> None:
             sub["items"] = True
 
 
+_NAME_KEYWORDS = frozenset({"type", "enum", "const", "pattern", "minLength", "maxLength"})
+"""What a ``propertyNames`` schema may hold for :func:`_property_names` to spell it out."""
+_REF_HOPS = 32
+
+
+def _names_schema(root: JSON, names: JSON) -> JSON:
+    """A ``propertyNames`` schema with its ``$ref`` chain followed and its annotations dropped;
+    ``None`` where a reference leads nowhere or goes on too long."""
+    for _ in range(_REF_HOPS):
+        if not isinstance(names, dict) or not isinstance(names.get("$ref"), str):
+            break
+        if len(names) > 1 + len(ANNOTATIONS.intersection(names)):
+            return None  # keywords beside '$ref': left for the coverage check
+        try:
+            names = resolve_ref(root, names["$ref"])
+        except LookupError:
+            return None
+    else:
+        return None
+    if isinstance(names, dict):
+        return {k: v for k, v in names.items() if k not in ANNOTATIONS}
+    return names
+
+
+def _allowed_names(names: JSON) -> list[str] | None:
+    """The key names a ``propertyNames`` schema admits, where they are finitely many (an ``enum``
+    or ``const``, or ``false``): string members only, since a key is a string (pydantic writes an
+    ``IntEnum`` key's names as integers, which no key is); ``None`` otherwise."""
+    if names is False:
+        return []
+    if not isinstance(names, dict) or not ({"enum", "const"} & names.keys()) or set(names) - _NAME_KEYWORDS:
+        return None
+    values = [names["const"]] if "const" in names else names["enum"]
+    if not isinstance(values, list):
+        return None
+    check = Draft202012Validator(names)
+    return [v for v in dict.fromkeys(v for v in values if isinstance(v, str)) if check.is_valid(v)]
+
+
+def _names_pattern(names: JSON) -> str | None:
+    """The regex a ``pattern`` / ``minLength`` / ``maxLength`` names schema is (one of them: an
+    engine's regex cannot intersect a pattern with a length); ``None`` otherwise."""
+    if not isinstance(names, dict) or set(names) - {"type", "pattern", "minLength", "maxLength"}:
+        return None
+    kind = names.get("type", "string")
+    if kind != "string" and not (isinstance(kind, list) and "string" in kind):
+        return None  # a key is a string: a type list holding it says nothing more
+    pattern, low, high = names.get("pattern"), names.get("minLength", 0), names.get("maxLength")
+    if isinstance(pattern, str):
+        return pattern if len(names) - ("type" in names) == 1 else None
+    if not isinstance(low, int) or not (high is None or isinstance(high, int)):
+        return None
+    return f"^[\\s\\S]{{{low},{'' if high is None else high}}}$"
+
+
+def _property_names(schema: JSON) -> None:
+    """``propertyNames`` spelled in keywords every engine reads (none enforces it as written).
+
+    Finitely many names (pydantic's ``dict[Literal[...], V]``, ``dict[SomeEnum, V]``) make the
+    object of those optional properties and no other, each holding what the object said for
+    that name (its ``properties`` entry, the ``patternProperties`` it matches, else
+    ``additionalProperties``). A ``pattern`` or length on the names of an object with neither
+    ``properties`` nor ``patternProperties`` (``dict[constr(pattern=...), V]``) is that
+    ``patternProperties`` entry with ``additionalProperties: false``. Both exact; a name that two
+    of the object's schemas would apply to, or any other names schema, is left for the coverage
+    check, which refuses it by name.
+    """
+    for _, sub in list(iter_subschemas(schema)):
+        if "propertyNames" not in sub:
+            continue
+        names = _names_schema(schema, sub["propertyNames"])
+        if names is True or names == {}:
+            del sub["propertyNames"]
+            continue
+        props, patterns = sub.get("properties", {}), sub.get("patternProperties", {})
+        extra = sub.get("additionalProperties", True)
+        if not isinstance(props, dict) or not isinstance(patterns, dict):
+            continue
+        allowed = _allowed_names(names)
+        if allowed is not None:
+            closed: dict[str, JSON] = {}
+            for name in allowed:
+                parts = [props[name]] if name in props else []
+                parts += [v for k, v in patterns.items() if re.search(k, name)]
+                if len(parts) > 1:
+                    break
+                closed[name] = parts[0] if parts else copy.deepcopy(extra)
+            else:
+                sub["properties"], sub["additionalProperties"] = closed, False
+                sub.pop("patternProperties", None)
+                del sub["propertyNames"]
+            continue
+        regex = _names_pattern(names)
+        if regex is not None and not props and not patterns:
+            sub["patternProperties"], sub["additionalProperties"] = {regex: extra}, False
+            del sub["propertyNames"]
+
+
 def _declare_required(tool: str, schema: JSON) -> None:
     """Declare required-but-undeclared property names, in place.
 
@@ -756,9 +855,11 @@ def make_explicit(tool: str, schema: JSON, max_depth: int = Limits.max_schema_de
 
     ``max_depth`` is the tool's nesting limit (``Limits.max_schema_depth``).
     """
+    json_content_patterns(schema)  # before any rewrite reaches into the content schema
     _merge_all_of(schema)
     _one_of_as_any_of(schema)
     _distribute_any_of(schema)
+    _property_names(schema)
     _explicit_types(schema)
     _finite_multiples(schema)
     _unique_members(schema)

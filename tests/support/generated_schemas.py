@@ -4,7 +4,8 @@ Most tool schemas a server sees are made from pydantic models (pydantic-ai, Lang
 instructor, the OpenAI Agents SDK, MCP servers), and the client validates the call it gets back
 against the same model. Each model here is of an everyday kind: discriminated unions, recursive
 models, nested and optional models, tuples, enums, literals, sets of enum members and of free
-strings and numbers, integer and number multiples, defaults, formatted strings. Each comes in
+strings and numbers, integer and number multiples, defaults, formatted strings, dicts keyed
+by literals and enums, a string holding JSON. Each comes in
 three forms: ``model_json_schema()`` as pydantic 2 writes it, the same with every annotated
 ``$ref`` wrapped in a one-branch ``allOf`` (what pydantic wrote before 2.9 and other generators
 still write), and ``openai.pydantic_function_tool`` (the SDK's strict form). Beside them, the
@@ -27,7 +28,7 @@ from typing import Annotated, Any, Literal
 
 import openai
 from jsonschema import Draft202012Validator
-from pydantic import AnyUrl, BaseModel, EmailStr, Field, ValidationError
+from pydantic import AnyUrl, BaseModel, EmailStr, Field, Json, ValidationError
 
 FORMS = ("pydantic", "allof", "strict")
 
@@ -141,8 +142,25 @@ class TagPost(BaseModel):
     stars: float = Field(default=0, multiple_of=0.5, ge=0, le=5)
 
 
+class Level(Enum):
+    low = "low"
+    high = "high"
+
+
+class Tally(BaseModel):
+    """Counts keyed by each kind of name pydantic writes as ``propertyNames`` (a ``Literal``, an
+    ``Enum``, a ``StrEnum``, an integer ``Enum``), and a string holding a JSON list
+    (``contentMediaType`` with ``contentSchema``)."""
+
+    by_word: dict[Literal["low", "high"], int]
+    by_level: dict[Level, int] = {}
+    by_color: dict[Color, int] = {}
+    by_priority: dict[Priority, int] = {}
+    ids: Json[list[int]]
+
+
 MODELS: tuple[type[BaseModel], ...] = (
-    AdoptPet, AdoptMany, SaveTree, DrawShape, CreateTicket, Schedule, PlanMeeting, TagPost,
+    AdoptPet, AdoptMany, SaveTree, DrawShape, CreateTicket, Schedule, PlanMeeting, TagPost, Tally,
 )  # fmt: skip
 
 
