@@ -33,14 +33,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from support.budget_scenarios import WEATHER as TOOL
+
 OVERLAY = "0.34.0"
-TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 CALL = 'Let me look that up.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "'
 ARGUMENT = "Llanfair pwllgwyngyll gogery chwyrn drobwll llantysilio gogo goch "
 TEXT = "The answer follows shortly, with every detail you asked for. "
