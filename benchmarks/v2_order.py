@@ -1,21 +1,25 @@
-"""Per-step CPU cost of each way to serve constrained rows on Model Runner V2 (issue 26).
+"""Per-step CPU cost of each way to serve constrained rows on Model Runner V2 (issues 26, 38).
 
 vLLM 0.34 calls a V2 logits processor's ``apply_staged_writes()`` only on steps that admit
-requests, so the adapter now gathers its rows' tokens in ``apply()`` when no hook did. Three ways
-are timed on the same rows and tokens, on vLLM's own request-state buffers on the CPU
-(``hermes_vllm.testing.v2_runner``), at each batch size:
+requests; the adapter's rows' tokens are copied before the forward on every step by the step hook
+(a wrap of the runner's ``update_requests``, ``hermes_vllm/vllm_api/step_hook.py``), and without
+it ``apply()`` gathers them itself. Four ways are timed on the same rows and tokens, on vLLM's own
+request-state buffers on the CPU (``hermes_vllm.testing.v2_runner``), at each batch size:
 
-- ``v2 (0.33 order)``: the hook gathers before the forward, ``apply()`` advances and masks;
-- ``v2 (0.34 order)``: no hook between admissions, ``apply()`` gathers, advances and masks;
+- ``v2 (0.33 order)``: the hooks gather before the forward, ``apply()`` advances and masks;
+- ``v2 (0.34 order)``: the same, the staged-writes hook only on the admitting step;
+- ``v2 (0.34 order, no step hook)``: no hook between admissions, ``apply()`` gathers, advances
+  and masks (what 0.34 did before the step hook);
 - ``hosted``: vLLM's structured-output path, each row a ``HostedGrammar`` (what speculative
   decoding uses today): per step and row ``fill_bitmask`` into vLLM's bitmask, the bitmask applied
   to the logits by xgrammar's kernel, then ``accept_tokens`` of the sampled token.
 
 Each row writes a sentence, then a call to one tool whose string argument keeps it inside the
 call, then free text; rows start at staggered offsets so a batch mixes free text and calls. On a
-GPU the first two differ by more than this CPU cost: under 0.33's order the gather's copy is
-queued before the forward and the fill overlaps it; under 0.34's order ``apply()`` waits for the
-forward first (``docs/architecture.md``, "Model Runner V2 across releases").
+GPU a gather in ``apply()`` differs by more than this CPU cost: the copy queued before the forward
+has finished when ``apply()`` runs and the fill overlaps the forward; one made in ``apply()`` waits
+for the forward first (``docs/architecture.md``, "Model Runner V2 across releases"). For each V2
+kind the script prints ``apply() gathered after the forward on K of N steps``.
 
 Usage: python benchmarks/v2_order.py [--batch 8 64 256] [--steps 40] [--tokenizer tekken] [--out DIR]
 """
@@ -53,7 +57,7 @@ TURN = (
     + '"}}\n</tool_call>\n'
     + "The answer follows shortly. " * 8
 )
-KINDS = ("v2 (0.33 order)", "v2 (0.34 order)", "hosted")
+KINDS = ("v2 (0.33 order)", "v2 (0.34 order)", "v2 (0.34 order, no step hook)", "hosted")
 
 
 def _plans(tokenizer: Any, batch: int, steps: int) -> list[list[int]]:
@@ -66,8 +70,11 @@ def _params(max_tokens: int) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, extra_args=constraint_args([TOOL], "auto"))
 
 
-def time_v2(config: Any, plans: list[list[int]], release: str) -> list[float]:
-    """Microseconds of each step through the V2 adapter in ``release``'s call order."""
+def time_v2(
+    config: Any, plans: list[list[int]], release: str, late: list[int], step_hook: bool = True
+) -> list[float]:
+    """Microseconds of each step through the V2 adapter in ``release``'s call order; appends to
+    ``late`` the steps and how many of them gathered in ``apply()``, after the forward."""
     width = config.model_config.get_vocab_size()
     batch = len(plans)
     runner = V2Runner(batch, 2048, width)
@@ -80,10 +87,11 @@ def time_v2(config: Any, plans: list[list[int]], release: str) -> list[float]:
     for step in range(len(plans[0])):
         logits = torch.zeros(batch, width)
         start = time.perf_counter()
-        play_step(proc, order, step == 0, logits, ctx)
+        play_step(proc, order, step == 0, logits, ctx, step_hook)
         samples.append((time.perf_counter() - start) * 1e6)
         for slot, plan in enumerate(plans):
             runner.commit(slot, plan[step])
+    late += [len(plans[0]), proc.late_gathers]
     return samples
 
 
@@ -107,15 +115,31 @@ def time_hosted(config: Any, plans: list[list[int]]) -> list[float]:
     return samples
 
 
-def measure(model: Path, batches: list[int], steps: int, repeats: int) -> dict[str, dict[str, float]]:
+def measure(
+    model: Path, batches: list[int], steps: int, repeats: int, late: dict[str, list[int]]
+) -> dict[str, dict[str, float]]:
     """Median microseconds per step of each kind at each batch size; the kinds alternate within
-    each repeat, so the shared machine's load falls on all of them alike."""
+    each repeat, so the shared machine's load falls on all of them alike. ``late`` gets, per V2
+    kind, the steps played and those whose ``apply()`` gathered after the forward."""
     config = engine_config(model)
     tokenizer = AutoTokenizer.from_pretrained(str(model))
+    for kind in KINDS[:3]:
+        late[kind] = [0, 0]
+
+    def v2(kind: str, release: str, step_hook: bool) -> Callable[[list[list[int]]], list[float]]:
+        def timed(plans: list[list[int]]) -> list[float]:
+            counts: list[int] = []
+            samples = time_v2(config, plans, release, counts, step_hook)
+            late[kind] = [late[kind][0] + counts[0], late[kind][1] + counts[1]]
+            return samples
+
+        return timed
+
     runs: dict[str, Callable[[list[list[int]]], list[float]]] = {
-        KINDS[0]: lambda plans: time_v2(config, plans, "0.33"),
-        KINDS[1]: lambda plans: time_v2(config, plans, "0.34"),
-        KINDS[2]: lambda plans: time_hosted(config, plans),
+        KINDS[0]: v2(KINDS[0], "0.33", True),
+        KINDS[1]: v2(KINDS[1], "0.34", True),
+        KINDS[2]: v2(KINDS[2], "0.34", False),
+        KINDS[3]: lambda plans: time_hosted(config, plans),
     }
     figures: dict[str, dict[str, float]] = {kind: {} for kind in KINDS}
     for batch in batches:
@@ -150,7 +174,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    figures = measure(tiny_model_path(args.tokenizer), args.batch, args.steps, args.repeats)
+    late: dict[str, list[int]] = {}
+    figures = measure(tiny_model_path(args.tokenizer), args.batch, args.steps, args.repeats, late)
     base = figures[KINDS[0]]
     ratios = {
         kind: {b: round(v / base[b], 2) for b, v in by_batch.items()} for kind, by_batch in figures.items()
@@ -161,8 +186,11 @@ def main() -> None:
         "repeats": args.repeats,
         "us_per_step": figures,
         "ratio_to_0.33_order": ratios,
+        "late_gathers": {kind: {"steps": n, "gathered_after_forward": k} for kind, (n, k) in late.items()},
     }
     print(json.dumps(report, indent=2))
+    for kind, (n, k) in late.items():
+        print(f"{kind}: apply() gathered after the forward on {k} of {n} steps")
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"v2_order-{args.tokenizer}.json"
     path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

@@ -4,7 +4,9 @@ vLLM 0.33's Model Runner V2 calls a logits processor's ``apply_staged_writes()``
 step's forward pass; 0.34 calls it only on steps that admit requests. The adapter must know each
 row's committed tokens at every ``apply()`` either way: the worst-case samplers play every mode
 through the adapter under both orders, slots reused, and every step's mask must be the same (and
-the core's own). The orders themselves are read from the running release's runner source.
+the core's own). The orders themselves are read from the running release's runner source. With
+the runner's per-step update wrapped (``vllm_api/step_hook.py``), every step's copy is made before
+its forward under both orders: no ``apply()`` gathers after it.
 """
 
 from __future__ import annotations
@@ -56,7 +58,9 @@ def test_each_release_call_order_is_the_one_its_runner_makes() -> None:
 def test_v2_adapter_masks_alike_under_every_release_order(tokenizer: Any, vllm_config: Any) -> None:
     """Every sampler, ``required`` / named / ``auto``, stop strings and a thinking budget: the
     masks at every step under 0.34's order equal 0.33's and the core's, and every reply keeps
-    the promise. Before the adapter read its rows in ``apply()``, 0.34's order kept no call."""
+    the promise. Before the adapter read its rows in ``apply()``, 0.34's order kept no call.
+    With the step hook no ``apply()`` gathers after the forward; without it (``apply()`` gathers
+    on 0.34's steps that admit nothing) the masks are the same."""
     core = core_for(tokenizer)
     named, both = reserve(core, [LONG_OPTIONAL], "get_weather"), reserve(core, [SMALL, LARGE], "required")
     scenarios = [
@@ -65,16 +69,22 @@ def test_v2_adapter_masks_alike_under_every_release_order(tokenizer: Any, vllm_c
         Scenario([LONG_OPTIONAL], "required", named + 24, thinking_budget=4, vllm_thinking=True),
         Scenario([LONG_OPTIONAL, SMALL], "auto", named + 12),
     ]
-    drivers = {release: V2Driver(core, vllm_config, release) for release in ("0.33", "0.34")}
+    hooked = {release: V2Driver(core, vllm_config, release) for release in ("0.33", "0.34")}
+    unhooked = V2Driver(core, vllm_config, "0.34", step_hook=False)
+    drivers: dict[str, Driver] = {**hooked, "0.34 without the step hook": unhooked, "core": CoreDriver(core)}
     for scenario in scenarios:
         for sampler in SAMPLERS:
             masks = {}
-            for name, driver in [*drivers.items(), ("core", CoreDriver(core))]:
+            for name, driver in drivers.items():
                 recording = Recording(driver)
                 outcome = run(recording, tokenizer, scenario, sampler, seed=scenario.max_tokens)
                 assert outcome.kept(scenario.thinking_budget), (name, sampler, scenario.choice, outcome)
                 masks[name] = recording.masks
-            assert masks["0.34"] == masks["0.33"] == masks["core"], (sampler, scenario.choice)
+            assert len(set(map(tuple, masks.values()))) == 1, (sampler, scenario.choice)
+    # With the runner's per-step update wrapped, no step's apply() waited for its forward under
+    # either order; without it, 0.34's apply() gathers on every step that admits nothing.
+    assert [driver.proc.late_gathers for driver in hooked.values()] == [0, 0]
+    assert unhooked.proc.late_gathers > 0
 
 
 class AnyHooks(V2Driver):
@@ -90,10 +100,11 @@ class AnyHooks(V2Driver):
 
         for token in new:
             self.runner.commit(self._slot, token)
+        hooks = (self.proc.apply_staged_writes, self.proc.before_forward)
         while self.rng.random() < 0.2:  # a step that admits someone else and then runs no forward
-            self.proc.apply_staged_writes()
+            self.rng.choice(hooks)()
         for _ in range(self.rng.choice((0, 0, 1, 2))):
-            self.proc.apply_staged_writes()
+            self.rng.choice(hooks)()
         logits = torch.zeros((1, self.core.vocab_size))
         return self.proc.apply(logits, context([self._slot]))
 

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from hermes_vllm.testing.engine import triton_assumed
-from hermes_vllm.vllm_api import RELEASES, TOUCH_POINTS, TouchPoint, release
+from hermes_vllm.vllm_api import RELEASES, TOUCH_POINTS, TouchPoint, release, touchpoints
 
 vllm = pytest.importorskip("vllm")
 
@@ -87,22 +87,46 @@ def test_every_touch_point_names_its_users_and_releases() -> None:
     assert len({point.target for point in TOUCH_POINTS}) == len(TOUCH_POINTS), "a target is listed twice"
 
 
-def _resolve(point: TouchPoint) -> Any:
-    """The object ``point`` names under the running release; raises where it is absent."""
-    if point.by_source:
-        spec = find_spec(point.module)
-        if spec is None or spec.origin is None:
-            raise ImportError(point.module)
-        tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
-        owner, *rest = point.path
-        for node in ast.walk(tree):
+def _source_class(module: str, name: str) -> ast.ClassDef:
+    """Class ``name`` of ``module``, read from its source (not imported); raises where absent."""
+    spec = find_spec(module)
+    if spec is None or spec.origin is None:
+        raise ImportError(module)
+    for node in ast.walk(ast.parse(Path(spec.origin).read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return node
+    raise AttributeError(f"{module}:{name}")
+
+
+def _source_member(owner: ast.ClassDef, name: str) -> ast.AST | None:
+    """``owner``'s method ``name``, or the statement of one of its methods that sets ``self.name``."""
+    for item in owner.body:
+        if isinstance(item, ast.FunctionDef) and item.name == name:
+            return item
+    for node in ast.walk(owner):
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        for target in targets:
             if (
-                isinstance(node, ast.ClassDef)
-                and node.name == owner
-                and (not rest or any(getattr(item, "name", None) == rest[0] for item in node.body))
+                isinstance(target, ast.Attribute)
+                and target.attr == name
+                and ast.unparse(target.value) == "self"
             ):
                 return node
-        raise AttributeError(point.target)
+    return None
+
+
+def _resolve(point: TouchPoint) -> Any:
+    """The object ``point`` names under the running release (a source node where ``by_source``:
+    the class, or its member); raises where it is absent."""
+    if point.by_source:
+        owner, *rest = point.path
+        node: ast.AST | None = _source_class(point.module, owner)
+        if rest:
+            assert isinstance(node, ast.ClassDef)
+            node = _source_member(node, rest[0])
+        if node is None:
+            raise AttributeError(point.target)
+        return node
     with triton_assumed():
         found: Any = importlib.import_module(point.module)
     for part in point.path:
@@ -138,9 +162,53 @@ def test_the_touch_point_holds_under_this_release(point: TouchPoint) -> None:
         return
     found = _resolve(point)
     if point.by_source:
-        return
-    missing = set(point.members) - _members(found)
+        assert not point.members or isinstance(found, ast.FunctionDef), point.target
+        offered = {arg.arg for arg in found.args.args + found.args.kwonlyargs} if point.members else set()
+        missing = set(point.members) - offered
+    else:
+        missing = set(point.members) - _members(found)
     assert not missing, f"vLLM {vllm.__version__}: {point.target} lacks {sorted(missing)}"
+
+
+def _calls(function: ast.FunctionDef) -> dict[str, tuple[int, list[str]]]:
+    """Each callee of ``function`` (as written, e.g. ``self.model``): the line of its first call
+    and the tests of the ``if`` statements that call sits in."""
+    found: dict[str, tuple[int, list[str]]] = {}
+
+    def visit(node: ast.AST, guards: list[str]) -> None:
+        if isinstance(node, ast.Call):
+            name = ast.unparse(node.func)
+            if name not in found or node.lineno < found[name][0]:
+                found[name] = (node.lineno, guards)
+        for field, child in ast.iter_fields(node):
+            inner = (
+                [*guards, ast.unparse(node.test)] if isinstance(node, ast.If) and field == "body" else guards
+            )
+            for item in child if isinstance(child, list) else [child]:
+                if isinstance(item, ast.AST):
+                    visit(item, inner)
+
+    visit(function, [])
+    return found
+
+
+def test_the_v2_runner_updates_its_requests_after_admitting_and_before_the_forward_on_every_step() -> None:
+    """What the step hook (``vllm_api/step_hook.py``, a wrap of ``update_requests``) relies on:
+    ``execute_model`` calls ``update_requests`` on every step that is not a dummy run, after
+    ``add_requests`` (the admitted rows are in the copy) and before the model runs (the copy is
+    queued ahead of the forward)."""
+    point = touchpoints.V2_STEP
+    if RUNNING not in point.releases:
+        pytest.skip(f"vLLM {vllm.__version__} is not a release the step hook was checked on")
+    runner = _source_class(point.module, point.path[0])
+    execute = _source_member(runner, "execute_model")
+    assert isinstance(execute, ast.FunctionDef)
+    calls = _calls(execute)
+    (admit, _), (update, guards), (forward, _) = (
+        calls[name] for name in ("self.add_requests", "self.update_requests", "self.model")
+    )
+    assert admit < update < forward
+    assert guards == ["not dummy_run"]
 
 
 def test_a_newer_vllm_gets_one_warning_naming_what_was_not_checked(caplog: pytest.LogCaptureFixture) -> None:

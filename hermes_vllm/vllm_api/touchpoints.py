@@ -88,7 +88,7 @@ V2_STAGED_WRITES = _point(
     f"{_V2}:LogitsProcessor.apply_staged_writes",
     "hook",
     "processor/v2.py",
-    "nothing relies on it: apply() gathers what no hook did "
+    "nothing relies on it: the step hook (V2_STEP) or apply() gathers what it did not "
     "(0.33 calls it every step, 0.34 only on steps that admit requests)",
 )
 V2_APPLY = _point(
@@ -135,6 +135,28 @@ V2_RUNNER_ORDER = TouchPoint(
     ("testing/v2_runner.py",),
     _ALL,
     "the replayed call order (testing/v2_runner.py CALL_ORDERS) is read from this method",
+    by_source=True,
+)
+_RUNNER = "vllm.v1.worker.gpu.model_runner:GPUModelRunner"
+V2_STEP = TouchPoint(
+    f"{_RUNNER}.update_requests",
+    "wrap",
+    ("vllm_api/step_hook.py",),
+    _ALL,
+    "apply() gathers the rows' tokens after the forward on steps that call no hook of the adapter "
+    "(0.34: those that admit nothing); masks are the same",
+    ("scheduler_output",),
+    by_source=True,
+)
+V2_RUNNER_SAMPLER = TouchPoint(
+    f"{_RUNNER}.sampler", "type", ("vllm_api/step_hook.py",), _ALL, "as V2_STEP", by_source=True
+)
+V2_SAMPLER_PROCESSORS = TouchPoint(
+    "vllm.v1.worker.gpu.sample.sampler:Sampler.logits_processors",
+    "type",
+    ("vllm_api/step_hook.py",),
+    _ALL,
+    "as V2_STEP",
     by_source=True,
 )
 V2_CPU_BUFFERS = _point(
@@ -413,7 +435,8 @@ VERSION = _point("vllm:__version__", "type", "vllm_api/release.py", "the release
 # fmt: off
 TOUCH_POINTS: tuple[TouchPoint, ...] = (
     V2_PROCESSOR, V2_ADD_REQUEST, V2_STAGED_WRITES, V2_APPLY, V2_VALIDATE, V2_CONTEXT, V2_REQUEST_STATE,
-    V2_BUFFERS, V2_HOST_BUFFERS, V2_RUNNER_ORDER, V2_CPU_BUFFERS,
+    V2_BUFFERS, V2_HOST_BUFFERS, V2_RUNNER_ORDER, V2_STEP, V2_RUNNER_SAMPLER, V2_SAMPLER_PROCESSORS,
+    V2_CPU_BUFFERS,
     V1_PROCESSOR, V1_BATCH_UPDATE, V1_DICT_UPDATES, V1_INPUT_BATCH, V1_ASYNC_REPAIR,
     CONFIG, TOKENIZER, WORKER_STATUS, ASYNC_GENERATE, ASYNC_RPC, SAMPLING_PARAMS,
     GRAMMAR, MANAGER_INIT, MANAGER_GRAMMAR_INIT, MANAGER_CREATE, STRUCTURED_PARAMS,

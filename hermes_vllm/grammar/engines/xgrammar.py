@@ -390,7 +390,9 @@ class XGrammarEngine(GrammarEngine):
             cache_enabled=limits.xgrammar_cache_bytes > 0,
             cache_limit_bytes=max(1, limits.xgrammar_cache_bytes // XGRAMMAR_CACHE_UNDERCOUNT),
         )
-        self._batch = xgr.BatchGrammarMatcher(max_threads=max(2, (os.cpu_count() or 2) // 2))
+        # As many fill threads as vLLM's own bitmask pool (half the CPUs, 1 to 8): at least two
+        # cost more CPU than one on a two-core host for the same masks (benchmarks/README.md).
+        self._batch = xgr.BatchGrammarMatcher(max_threads=max(1, min((os.cpu_count() or 2) // 2, 8)))
         self._heads: dict[tuple[str, str, bool, int], xgr.CompiledGrammar] = {}
         """The composed matcher's head grammars: a few per dialect, shared by every tool set."""
         self._tools: GrammarCache[xgr.CompiledGrammar] = GrammarCache(
