@@ -218,13 +218,6 @@ class TextFollower:
         have begun."""
         self._marks = "".join({p.begin[0] for p in (dialect.tool_call, *dialect.free_spans)})
 
-    def copy(self) -> TextFollower:
-        """A follower standing where this one stands, to follow a draft path on its own."""
-        twin = TextFollower.__new__(TextFollower)
-        twin.dialect, twin.text, twin.tail, twin.calls = self.dialect, self.text, self.tail, self.calls
-        twin.reach, twin.recent, twin._marks = self.reach, self.recent, self._marks
-        return twin
-
     @property
     def calls_begun(self) -> int:
         return self.calls + self.tail.calls + (self.tail.begun == "call")

@@ -1,11 +1,12 @@
-"""Draft rollback restores a row through its parts' own ``copy()``: every field, mutated in place.
+"""Draft rollback puts a row back to its mark: every field, however it changed.
 
-A hosted row (speculative decoding) is snapshotted before each accepted token and restored on
-rollback. The snapshot is :meth:`RowState.copy`, which copies the row's parts (its gate with the text
-follower, its engine state, its budget's progress) by their own ``copy()``; the matcher is rolled
-back by its count. Here every field of every part is mutated in place after a snapshot (lists
-appended to, arrays overwritten, the follower's and the progress's fields rebound, the matcher
-fed), and the rollback must give the row back exactly as it was.
+A hosted row (speculative decoding) is marked before each accepted token (:meth:`RowState.mark`:
+its fields read into a tuple, the budget's progress copied, the pending list by its length, the
+matcher by its count of accepted tokens) and put back to the mark where a draft path is left.
+Here every field of every part is changed after a mark (lists appended to, arrays rebound, the
+follower's and the progress's fields rebound, the matcher fed), and going back must give the row
+back exactly as it was. Rolling back is lazy: the kept drafts are taken again from the path,
+with no engine work and no copy, and a draft costs one engine accept.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ import torch
 from support.budget_scenarios import WEATHER
 
 from hermes_vllm import constraint_args
-from hermes_vllm.budget import AnswerCompleter, CallCompleter, Speller, TurnBudget
+from hermes_vllm.budget import TurnBudget
 from hermes_vllm.budget.turn_budget import Progress
-from hermes_vllm.dialect import Dialect, get_dialect
+from hermes_vllm.dialect import get_dialect
 from hermes_vllm.grammar.compiler import ToolCallMatcher
 from hermes_vllm.processor.core import ConstraintCore, EngineState, Gate, RowState
 from hermes_vllm.processor.hosted import HostedGrammar, RowHost
@@ -78,7 +79,9 @@ def changed(value: Any) -> Any:
 
 
 FIXED = ("request", "prepared", "future")
-"""Fields fixed at admission whose values cannot be made up (checked immutable below)."""
+"""Fields fixed at admission whose values cannot be made up."""
+ADMITTED = ("stop_ids", "refused_stops", "refused_in_calls", "dialect", "reach", "_marks")
+"""Fields fixed at admission (the row's and its text follower's): never changed, so not marked."""
 REBOUND = {
     "dialect": lambda: get_dialect("chatml-brackets"),
     "tail": lambda: read_tail("<think>", get_dialect("hermes")),
@@ -96,13 +99,11 @@ def mutate_in_place(part: Any, tokenizer: Any) -> None:
         elif isinstance(value, ToolCallMatcher):
             token = tokenizer.encode("Par", add_special_tokens=False)[0]
             assert value.accept_token(token), "the matcher took no token: nothing to roll back"
-        elif isinstance(value, np.ndarray):
-            value.fill(7)
-        elif isinstance(value, torch.Tensor):
-            value.fill_(7)
+        elif isinstance(value, (np.ndarray, torch.Tensor)):
+            setattr(part, name, REBOUND[name]())  # the core rebinds these, never writes into them
         elif isinstance(value, list):
             value.append(-1)
-        elif name not in FIXED:
+        elif name not in FIXED + ADMITTED:
             setattr(
                 part,
                 name,
@@ -110,8 +111,7 @@ def mutate_in_place(part: Any, tokenizer: Any) -> None:
             )
 
 
-@pytest.fixture
-def hosted(tokenizer: Any) -> HostedGrammar:
+def fed_up_to_the_city(tokenizer: Any) -> HostedGrammar:
     """A ``required`` row with a reasoning budget and a stop string, hosted, fed up to the city."""
     core = ConstraintCore(lambda: tokenizer, len(tokenizer), engine="xgrammar")
     state = core.admit(
@@ -124,6 +124,16 @@ def hosted(tokenizer: Any) -> HostedGrammar:
         grammar.fill_bitmask(bitmask, 0)
         assert grammar.accept_tokens("row", [token])
     return grammar
+
+
+def unchanged(fields: dict[str, Any]) -> set[str]:
+    """The paths of the fields :func:`mutate_in_place` leaves alone."""
+    return {k for k in fields if k.rsplit(".", 1)[-1] in FIXED + ADMITTED}
+
+
+@pytest.fixture
+def hosted(tokenizer: Any) -> HostedGrammar:
+    return fed_up_to_the_city(tokenizer)
 
 
 def test_rollback_restores_every_field_of_every_part_mutated_in_place(
@@ -140,52 +150,92 @@ def test_rollback_restores_every_field_of_every_part_mutated_in_place(
     assert hosted.accept_tokens("row", tokenizer.encode("P", add_special_tokens=False)[:1])
     mutate_in_place(hosted.state, tokenizer)
     mutated = describe(hosted.state)
-    assert {k for k in before if before[k] == mutated[k]} <= {f"row.{f}" for f in FIXED}
+    assert {k for k in before if before[k] == mutated[k]} <= unchanged(before)
     hosted.rollback(1)
     after = describe(hosted.state)
     assert {k for k in before if before[k] != after[k]} == set()
     assert hosted.state.budget is not None and hosted.state.budget.follower is hosted.state.gate.follower
 
 
-def test_a_copy_keeps_every_field_when_the_row_is_mutated_in_place(
-    hosted: HostedGrammar, tokenizer: Any
-) -> None:
-    """The copy itself, with no step between: every container the row holds is mutated in place
-    right after (a step may rebind a field first, which would hide a shared container). The
-    matcher alone is shared by design, and restored by its count."""
+def test_going_back_to_a_mark_keeps_every_field(hosted: HostedGrammar, tokenizer: Any) -> None:
+    """The mark itself, with no step between: every field the row holds is changed right after,
+    and :meth:`RowState.back_to` gives each back (the matcher by rolling it back)."""
     state = hosted.state
     state.engine.paused = np.arange(8, dtype=np.int32)
     state.engine.paused_bans = torch.arange(3)
     state.gate.pending.extend([1, 2])
     before = describe(state)
-    twin = state.copy()
+    mark = state.mark()
     mutate_in_place(state, tokenizer)
-    kept = describe(twin)
-    assert {k for k in before if before[k] != kept[k]} == {"row.engine.matcher"}
+    assert {k for k in before if before[k] == describe(state)[k]} <= unchanged(before)
+    state.back_to(mark)
+    assert {k for k in before if before[k] != describe(state)[k]} == set()
 
 
-IMMUTABLE = (int, str, bytes, bool, tuple, type(None), Dialect, CallCompleter, AnswerCompleter, Speller)
+def test_a_mark_holds_the_pending_tokens_by_their_length(tokenizer: Any) -> None:
+    """A gated row inside a call keeps every token of the call pending (a fresh matcher replays
+    them): its mark holds the list and its length, so marking costs the same however long the
+    call is, and going back cuts the list back."""
+    core = ConstraintCore(lambda: tokenizer, len(tokenizer), engine="xgrammar")
+    state = core.admit(constraint_args([WEATHER], "auto"), [], max_tokens=400)
+    assert state is not None and state.gate.on
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "' + "Paris " * 40
+    core.advance(state, tokenizer.encode(call, add_special_tokens=False))
+    pending = state.gate.pending
+    assert len(pending) > 40
+    mark = state.mark()
+    assert pending in mark and len(pending) in mark
+    core.advance(state, tokenizer.encode("Lyon Nice", add_special_tokens=False))
+    assert state.gate.pending is pending and len(pending) > mark[mark.index(pending) + 1]
+    state.back_to(mark)
+    assert state.gate.pending is pending and len(pending) == mark[mark.index(pending) + 1]
 
 
-def test_a_copy_shares_only_what_never_changes(hosted: HostedGrammar) -> None:
-    """What a row's copy shares is immutable, a pure cache, or the compile's future: the fields
-    admission fixed, and a budget's terms."""
-    state = hosted.state
-    budget = state.budget
-    assert budget is not None
-    terms = {k: v for k, v in vars(budget).items() if k not in ("progress", "follower")}
-    fixed = {
-        f.name: getattr(state, f.name)
-        for f in dataclasses.fields(RowState)
-        if f.name not in ("gate", "engine", "budget", "future")
-    }
-    assert dataclasses.is_dataclass(state.request) and state.request.__dataclass_params__.frozen  # type: ignore[attr-defined]
-    assert state.prepared.__dataclass_params__.frozen  # type: ignore[attr-defined]
-    shared = {**terms, **{k: v for k, v in fixed.items() if k not in ("request", "prepared")}}
-    assert terms and all(isinstance(v, IMMUTABLE) for v in shared.values()), {
-        k: type(v) for k, v in shared.items() if not isinstance(v, IMMUTABLE)
-    }
-    twin = state.copy()
-    assert twin.budget is not None and twin.budget.progress is not budget.progress
-    assert twin.gate is not state.gate and twin.engine is not state.engine
-    assert twin.gate.follower is not state.gate.follower and twin.budget.follower is twin.gate.follower
+def _counted(grammar: HostedGrammar) -> list[int]:
+    """The tokens the row's engine matcher is offered from now on (the matcher itself counts its
+    net accepted tokens only)."""
+    matcher = grammar.state.engine.matcher
+    assert matcher is not None
+    inner = matcher.engine_matcher
+    offered: list[int] = []
+    accept = inner.accept_token
+
+    def counting(token: int) -> bool:
+        offered.append(token)
+        return accept(token)
+
+    inner.accept_token = counting  # type: ignore[method-assign]
+    return offered
+
+
+def test_kept_drafts_are_taken_from_the_path_and_each_draft_is_offered_once(
+    hosted: HostedGrammar, tokenizer: Any
+) -> None:
+    """vLLM's draft path (fill and accept each draft, fill the bonus row, roll back, accept the
+    kept tokens): each draft reaches the engine once, the kept ones are not fed again after the
+    rollback (only the bonus token is), and the masks are those of a row fed without drafts."""
+    drafts = tokenizer.encode("Lyon, France", add_special_tokens=False)[:3]
+    bonus = tokenizer.encode('"', add_special_tokens=False)[-1]
+    width = (len(tokenizer) + 31) // 32
+    offered = _counted(hosted)
+    bitmask = torch.zeros((len(drafts) + 1, width), dtype=torch.int32)
+    assert hosted.validate_tokens(drafts) == drafts
+    offered.clear()
+    for j, token in enumerate(drafts):
+        hosted.fill_bitmask(bitmask, j)
+        assert hosted.accept_tokens("row", [token])
+    hosted.fill_bitmask(bitmask, len(drafts))
+    assert offered == drafts
+    hosted.rollback(len(drafts))
+    assert hosted.accept_tokens("row", [*drafts, bonus])
+    assert offered == [*drafts, bonus]
+    plain = fed_up_to_the_city(tokenizer)
+    row = torch.zeros((1, width), dtype=torch.int32)
+    for j, token in enumerate([*drafts, bonus]):
+        plain.fill_bitmask(row, 0)
+        if j <= len(drafts):
+            assert torch.equal(row[0], bitmask[j]), j
+        assert plain.accept_tokens("plain", [token])
+    plain.fill_bitmask(row, 0)
+    hosted.fill_bitmask(bitmask, 0)
+    assert torch.equal(row[0], bitmask[0])

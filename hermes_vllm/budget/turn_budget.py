@@ -27,7 +27,6 @@ that the engine's mask allows (:class:`Speller`), so the grammar decides every t
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 from hermes_vllm.budget.completer import AnswerCompleter, CallCompleter
@@ -164,14 +163,6 @@ class TurnBudget:
         allowed, the opening tags; under ``required``, where the grammar lets a tag's first
         characters go on only as a tag, each tag from its first character no call tag shares
         (``<th`` of ``<think>``: a ``<`` must stay free to open the call)."""
-
-    def copy(self, follower: TextFollower) -> TurnBudget:
-        """This budget following ``follower`` (a copy of its row's), with its own progress: a
-        snapshot a draft path can be rolled back to. Its terms are shared (never changed)."""
-        twin = copy.copy(self)
-        twin.follower = follower
-        twin.progress = self.progress.copy()
-        return twin
 
     def drop_forcing(self) -> None:
         """Stop forcing the text being forced (the grammar refuses it here)."""

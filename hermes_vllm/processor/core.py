@@ -28,7 +28,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
 from typing import Any
@@ -236,7 +236,8 @@ class Gate:
     it, where the row has one)."""
     pending: list[int] = field(default_factory=list)
     """Tokens since the last clean point: replayed into a fresh matcher when the engine switches on
-    (an engine-only row's: the prompt's open span, fed first)."""
+    (an engine-only row's: the prompt's open span, fed first). A list bound here is only ever
+    appended to (emptying rebinds it), so that a row's mark records it by its length."""
     watch: bytes = b""
     """While gated: only tokens holding one of these bytes can change anything (empty: check all)."""
     quiet: bool = False
@@ -244,9 +245,6 @@ class Gate:
     Kept up to date by :meth:`ConstraintCore.advance`, so that a step tests one field a row."""
     quiet_until: int = UNWATCHED
     """From this many consumed tokens on, the budget reads every token: the row is never quiet."""
-
-    def copy(self) -> Gate:
-        return replace(self, follower=self.follower.copy(), pending=list(self.pending))
 
     def hold(self, tokens: Sequence[int]) -> None:
         """Keep ``tokens`` for a matcher that starts at the last clean point."""
@@ -275,7 +273,7 @@ class Gate:
             # The one allowed call is made: the engine keeps refusing another to the end.
             self.on = False
             return True
-        self.pending.clear()
+        self.pending = []
         self.watch = begin
         return False
 
@@ -315,15 +313,6 @@ class EngineState:
     paused_bans: torch.Tensor | None = None
     """The tokens that mask bans, when they are few (:data:`SPARSE_BANS_MAX`)."""
 
-    def copy(self) -> EngineState:
-        """The matcher is shared: engines cannot copy one (a restore rolls it back by its count of
-        accepted tokens)."""
-        return replace(
-            self,
-            paused=None if self.paused is None else self.paused.copy(),
-            paused_bans=None if self.paused_bans is None else self.paused_bans.clone(),
-        )
-
     def start(self, matcher: ToolCallMatcher) -> None:
         self.matcher = matcher
 
@@ -354,6 +343,10 @@ class EngineState:
 
     def resume(self) -> None:
         self.paused = self.paused_bans = None
+
+
+RowMark = tuple[Any, ...]
+"""A row's :meth:`RowState.mark`."""
 
 
 @dataclass(slots=True)
@@ -388,12 +381,40 @@ class RowState:
         """Why the row was stopped, if it was (:attr:`EngineState.failed`)."""
         return self.engine.failed
 
-    def copy(self) -> RowState:
-        """The row as it stands, to be restored after a draft path: its parts copied by their own
-        ``copy()`` (the budget following the copied gate's text), the rest fixed at admission."""
-        gate = self.gate.copy()
-        budget = None if self.budget is None else self.budget.copy(gate.follower)
-        return replace(self, gate=gate, engine=self.engine.copy(), budget=budget)
+    def mark(self) -> RowMark:
+        """Where the row stands, for a draft path to come back to (:meth:`back_to`): every field
+        that changes as the row follows its tokens, read into one tuple. Nothing is copied but
+        the budget's progress: the other fields hold immutable values or objects only ever
+        rebound (the paused mask), the gate's pending list is only appended to while bound (its
+        length marks it), and the matcher is marked by its count of accepted tokens (engines
+        roll back, they cannot copy)."""
+        gate, engine = self.gate, self.engine
+        follower, matcher = gate.follower, engine.matcher
+        return (
+            self.consumed, gate.on, gate.pending, len(gate.pending), gate.watch, gate.quiet,
+            gate.quiet_until, follower.text, follower.tail, follower.calls, follower.recent,
+            matcher, 0 if matcher is None else matcher.accepted, engine.failed, engine.ended,
+            engine.paused, engine.paused_bans, None if self.budget is None else self.budget.progress.copy(),
+        )  # fmt: skip
+
+    def back_to(self, mark: RowMark) -> None:
+        """Put the row back where :meth:`mark` found it (a mark may be gone back to more than once;
+        the marks taken after it are void, since the pending list is cut back to its length)."""
+        gate, engine = self.gate, self.engine
+        follower = gate.follower
+        (
+            self.consumed, gate.on, pending, held, gate.watch, gate.quiet, gate.quiet_until,
+            follower.text, follower.tail, follower.calls, follower.recent,
+            matcher, accepted, engine.failed, engine.ended, engine.paused, engine.paused_bans, progress,
+        ) = mark  # fmt: skip
+        del pending[held:]
+        gate.pending = pending
+        engine.matcher = matcher
+        if matcher is not None and matcher.accepted > accepted:
+            matcher.rollback(matcher.accepted - accepted)
+        if progress is not None:
+            assert self.budget is not None
+            self.budget.progress = progress.copy()
 
 
 class ConstraintCore:
@@ -419,6 +440,10 @@ class ConstraintCore:
         self._quiet_watches: set[bytes] = set()
         self._no_call: dict[str, np.ndarray] = {}
         self._whole: np.ndarray | None = None
+        self.log_refusals = True
+        """Whether a token the engine refuses is logged as ending its row (an error). A hosted row
+        (speculative decoding) puts its row back where it was before a refused draft instead, and
+        tells vLLM, which ends a request itself where a sampled token is refused."""
 
     @cached_property
     def compiler(self) -> ToolGrammarCompiler:
@@ -614,7 +639,7 @@ class ConstraintCore:
                 if budget is not None and budget.progress.planned != state.consumed + i:
                     budget.plan(state.consumed + i)
                 self._follow(state, latin1[token] if 0 <= token < len(latin1) else "")
-            if budget is not None:
+            if budget is not None and state.gate.on:  # only a gated row is ever quiet
                 state.gate.read_all_from(budget.watch_from)
         self._advance(state, new_tokens)
         engine = state.engine
@@ -694,11 +719,12 @@ class ConstraintCore:
             tokens = [*state.gate.take_pending(), *tokens]  # the prompt's open span first
         refused = state.engine.feed(tokens)
         if refused is not None:
-            self._fail(state, f"sampled token {refused} is outside the grammar")
+            self._fail(state, f"sampled token {refused} is outside the grammar", self.log_refusals)
 
-    def _fail(self, state: RowState, reason: str) -> None:
+    def _fail(self, state: RowState, reason: str, log: bool = True) -> None:
         """Stop the row: from now on only its stop tokens are allowed, never unconstrained text."""
-        logger.error("hermes-vllm: ending a constrained request: %s", reason)
+        if log:
+            logger.error("hermes-vllm: ending a constrained request: %s", reason)
         state.engine.fail(reason)
         state.gate.stop()
 

@@ -9,62 +9,41 @@ advanced and masked by :class:`~hermes_vllm.processor.core.ConstraintCore`'s own
 that interface puts every draft position under the constraint sampled tokens get, on either
 runner, with our engines, our cache and our budgets.
 
-*Rollback.* Engines cannot copy a matcher, but they can roll one back; the rest of a row is
-small. Before each accepted token the row is copied through its parts' own ``copy()`` (the row's
-containers, its text follower, its budget's progress) together with its matcher's count of
-accepted tokens; restoring the copy rolls the matcher back by the difference. Only the last
-``num_speculative_tokens + 1`` copies are kept.
+*Rollback.* Engines cannot copy a matcher, but they can roll one back; the rest of a row is a
+few fields. Before each accepted token the row is marked (:meth:`RowState.mark`: its fields read
+into a tuple, its matcher's count of accepted tokens); going back to a mark rolls the matcher
+back by the difference. Only the last ``num_speculative_tokens + 1`` marks are kept.
+
+*Lazily.* A rollback only counts the tokens it undoes: the row stays where the draft path left
+it. The scheduler then accepts the kept tokens, the kept drafts first: each is taken again from
+the path (its row was computed there, after its position's fill) by moving back over it, no
+engine work and no copy. Only where the tokens leave the path (the first draft the target
+refused) is the row put back to the mark before it, and the matcher rolled back, once.
 
 *Exactness.* Without drafts every token is preceded by a mask fill at its position, and a fill
-moves the budget (it may begin forcing a text, or count a closed call). The scheduler rolls the
-filled draft path back and then accepts the kept tokens in one call, so :meth:`accept_tokens`
+moves the budget (it may begin forcing a text, or count a closed call). The kept drafts' rows
+were computed on the draft path, each after its position's fill; past them, :meth:`accept_tokens`
 settles the row before each token after the first as that position's fill would (the first
-token's fill is the state the rollback restored): a row goes through exactly what it goes through
-without drafts, hence the same masks and, under greedy sampling, the same text. Settling plans
-the budget and computes the mask only where the mask can change the row (:meth:`RowHost.settle`).
+token's fill is the state the path left): a row goes through exactly what it goes through without
+drafts, hence the same masks and, under greedy sampling, the same text. Settling plans the budget
+and computes the mask only where the mask can change the row (:meth:`RowHost.settle`).
 """
 
 from __future__ import annotations
 
 import threading
-from collections import deque
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 from vllm.v1.structured_output.backend_types import StructuredOutputGrammar
 
 from hermes_vllm.grammar import GrammarCompileError
-from hermes_vllm.processor.core import ConstraintCore, Fill, RowState
+from hermes_vllm.processor.core import ConstraintCore, Fill, RowMark, RowState
 
 if TYPE_CHECKING:
     from vllm.sampling_params import SamplingParams
 
     from hermes_vllm.grammar.compiler import ToolCallMatcher
-
-
-@dataclass(frozen=True, slots=True)
-class _Snapshot:
-    """What restores a row: a copy of it (:meth:`RowState.copy`), its matcher's count of accepted
-    tokens, whether it had ended."""
-
-    copy: RowState
-    accepted: int
-    terminated: bool
-
-    @classmethod
-    def take(cls, state: RowState, terminated: bool) -> _Snapshot:
-        matcher = state.engine.matcher
-        accepted = matcher.accepted if matcher is not None else 0
-        return cls(state.copy(), accepted, terminated)
-
-    @property
-    def matcher(self) -> ToolCallMatcher | None:
-        return self.copy.engine.matcher
-
-    def row(self) -> RowState:
-        """A fresh row as the snapshot was taken (a snapshot may be restored more than once)."""
-        return self.copy.copy()
 
 
 class RowHost:
@@ -78,6 +57,9 @@ class RowHost:
         self.core = core
         self.window = window
         self.lock = threading.Lock()
+        self._checked: torch.Tensor | None = None
+        """The last bitmask found alike the core's."""
+        core.log_refusals = False  # a refused draft's row is put back (HostedGrammar.accept_tokens)
 
     def grammar(self, params: SamplingParams) -> HostedGrammar:
         """Admit a request and wait for its compile, as vLLM's backends do on their compile thread
@@ -98,17 +80,26 @@ class RowHost:
 
         The core fills vLLM's bitmask in place: filling a row of its own and copying it cost a
         quarter of a fill. Both are sized from the model's vocabulary; where they are not alike
-        the row cannot be filled in place."""
+        the row cannot be filled in place (vLLM keeps one bitmask: it is checked once). One row,
+        so :meth:`ConstraintCore.fill`'s batch is skipped: the row's decision, then its mask."""
         core = self.core
-        own = core.bitmask
-        if bitmask.shape[1] != own.shape[1] or bitmask.dtype != own.dtype:
-            raise ValueError(
-                f"vLLM's bitmask ({bitmask.shape[1]} {bitmask.dtype} words a row) is not the "
-                f"hermes-vllm core's ({own.shape[1]} {own.dtype})"
-            )
-        masked, _ = core.fill([(row, state)], core.vocab_size, bitmask=bitmask)
-        if not masked:
+        if bitmask is not self._checked:
+            own = core.bitmask
+            if bitmask.shape[1] != own.shape[1] or bitmask.dtype != own.dtype:
+                raise ValueError(
+                    f"vLLM's bitmask ({bitmask.shape[1]} {bitmask.dtype} words a row) is not the "
+                    f"hermes-vllm core's ({own.shape[1]} {own.dtype})"
+                )
+            self._checked = bitmask
+        kind, plan = core.decide(state)
+        if kind is Fill.ENGINE:
+            assert state.engine.matcher is not None
+            if not state.engine.matcher.fill_bitmask(bitmask, row):
+                bitmask[row].fill_(-1)
+        elif kind is Fill.FREE:
             bitmask[row].fill_(-1)
+        else:
+            core.fill_decided(bitmask, row, state, kind, plan, core.vocab_size)
 
     def settle(self, state: RowState) -> None:
         """What the fill at this position does to the row (:meth:`ConstraintCore.decide`), its mask
@@ -137,28 +128,29 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         self._host = host
         self._state = state
         self._terminated = False
-        self._trail: deque[tuple[_Snapshot, int]] = deque(maxlen=host.window)
-        """The row before each accepted token, and the token."""
-        self._undone: list[_Snapshot] = []
-        """The path the last rollback undid: the row before each of its tokens, then the row it
-        was rolled back from (``_undone_tokens`` the tokens); emptied by any other call."""
-        self._undone_tokens: list[int] = []
-        self._initial = self._snapshot()
+        self._trail: list[tuple[RowMark, int, bool]] = []
+        """Before each accepted token: the row's mark, the token, whether the row had ended."""
+        self._back = 0
+        """Tokens at the trail's end that a rollback undid and the row has not gone back over yet:
+        the row stands where they left it, the grammar before the first of them."""
+        self._initial = state.mark()
 
     @property
     def state(self) -> RowState:
+        """The row as the grammar stands (tokens rolled back undone first)."""
+        with self._host.lock:
+            self._go_back()
         return self._state
 
-    def _snapshot(self) -> _Snapshot:
-        return _Snapshot.take(self._state, self._terminated)
-
-    def _restore(self, snapshot: _Snapshot) -> None:
-        row = snapshot.row()
-        matcher = row.engine.matcher
-        if matcher is not None and matcher.accepted > snapshot.accepted:
-            matcher.rollback(matcher.accepted - snapshot.accepted)
-        self._state = row
-        self._terminated = snapshot.terminated
+    def _go_back(self) -> None:
+        """Put the row back before the tokens rolled back (one mark, one matcher rollback)."""
+        back = self._back
+        if back:
+            mark, _, terminated = self._trail[-back]
+            del self._trail[-back:]
+            self._state.back_to(mark)
+            self._terminated = terminated
+            self._back = 0
 
     def _accept(self, token: int, plan: bool = True) -> bool:
         ok = self._host.advance(self._state, token, plan)
@@ -171,57 +163,40 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         vLLM 0.34 feeds every trimmed draft here while filling the bitmask, the first
         grammar-invalid one included, and then rolls back only the drafts that were accepted
         (``StructuredOutputGrammar.accept_tokens``: "a false result must leave the grammar state
-        unchanged"). A refused token is found by asking the matcher first, so a draft never ends
-        the row (nor logs one as failed)."""
+        unchanged"). A refused token puts the row back to its mark (the core, told to, logs no
+        error), so a draft never ends the row.
+
+        Tokens that a rollback undid are taken again by moving over them (all but the last of
+        ``tokens``: the row the path left after the last one has had the next position's fill,
+        which accepting it alone has not)."""
         host = self._host
         with host.lock:
-            before, trail = self._snapshot(), list(self._trail)
-            done = self._redo(tokens)
-            for i, token in enumerate(tokens[done:], done):
-                if i > done:
-                    host.settle(self._state)  # what the fill this position gets without drafts does
-                self._trail.append((self._snapshot(), token))
-                if self._terminated or not self._matcher_allows(token) or not self._accept(token):
-                    self._trail = deque(trail, maxlen=host.window)
-                    self._restore(before)
+            trail, back = self._trail, self._back
+            start = len(trail) - back
+            taken = 0
+            while back and taken < len(tokens) - 1 and tokens[taken] == trail[-back][1]:
+                back -= 1
+                taken += 1
+            self._back = back
+            self._go_back()
+            state = self._state
+            for i in range(taken, len(tokens)):
+                token = tokens[i]
+                if i > taken:
+                    host.settle(state)  # what the fill this position gets without drafts does
+                trail.append((state.mark(), token, self._terminated))
+                if self._terminated or not self._accept(token):
+                    mark, _, terminated = trail[start]
+                    del trail[start:]
+                    state.back_to(mark)
+                    self._terminated = terminated
                     return False
+            if len(trail) > host.window:
+                del trail[: len(trail) - host.window]
         return True
 
-    def _redo(self, tokens: list[int]) -> int:
-        """Take the kept drafts from the path the last rollback undid instead of recomputing it.
-
-        vLLM fills the draft path (a fill, then the draft, at each position), rolls it back and
-        accepts the kept tokens at once: the kept drafts' rows were computed already, each after
-        its position's fill (which is what settling emulates). Where that path's matcher took
-        exactly one token a draft (one matcher throughout, never paused or replayed), it is fed
-        the kept drafts again and the row becomes the path's row after the last of them and its
-        next fill; the settle that fill stands for is skipped. Returns how many of ``tokens``
-        were taken so (at most all but the last: the row after the last one's fill is not what
-        accepting it leaves)."""
-        undone, drafts = self._undone, self._undone_tokens
-        self._undone, self._undone_tokens = [], []
-        taken = 0
-        limit = min(len(drafts), len(tokens) - 1)
-        while taken < limit and tokens[taken] == drafts[taken]:
-            taken += 1
-        if not taken:
-            return 0
-        matcher = undone[0].matcher
-        if matcher is None or any(
-            s.matcher is not matcher or s.accepted != undone[0].accepted + i
-            for i, s in enumerate(undone[: taken + 1])
-        ):
-            return 0
-        for i, token in enumerate(tokens[:taken]):
-            if not matcher.accept_token(token):  # an engine that does not repeat itself: recompute
-                matcher.rollback(i)
-                return 0
-        self._trail.extend(zip(undone[:taken], tokens[:taken], strict=True))
-        self._restore(undone[taken])
-        return taken
-
     def validate_tokens(self, tokens: list[int]) -> list[int]:
-        """The drafts' longest prefix the grammar accepts (on a copy of the path, then restored).
+        """The drafts' longest prefix the grammar accepts (on the row's path, then gone back).
 
         Like vLLM's own backends, this asks the matcher only, not the mask: a draft the budget or
         a refused stop string rules out is grammar-valid, and its own position's mask rejects it
@@ -229,19 +204,19 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         """
         host = self._host
         with host.lock:
-            self._undone, self._undone_tokens = [], []
+            self._go_back()
             state = self._state
             matcher, engine = state.engine.matcher, state.engine
             if matcher is not None and not state.gate.on and engine.paused is None and engine.failed is None:
                 return tokens[: self._valid_on_matcher(matcher, tokens)]
-            start = self._snapshot()
+            start, terminated = state.mark(), self._terminated
             valid = 0
             for token in tokens:
-                allowed = not self._terminated and self._matcher_allows(token)
-                if not allowed or not self._accept(token, plan=False):
+                if self._terminated or not self._accept(token, plan=False):
                     break
                 valid += 1
-            self._restore(start)
+            state.back_to(start)
+            self._terminated = terminated
         return tokens[:valid]
 
     def _valid_on_matcher(self, matcher: ToolCallMatcher, tokens: list[int]) -> int:
@@ -250,8 +225,7 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         For a row whose engine runs everywhere (not gated), running and not paused, this is what
         feeding the whole row answers: the core feeds such a row's matcher every token and nothing
         else can refuse one (only a fill pauses a row or regates it; the budget never refuses a
-        token). It skips the row's copy, the budget's following of each draft and the restore,
-        and asks the matcher once per draft, not twice."""
+        token). It skips the row's mark, the budget's following of each draft and going back."""
         stops = self._state.stop_ids
         terminated = self._terminated
         valid = 0
@@ -264,42 +238,28 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
             matcher.rollback(valid)
         return valid
 
-    def _matcher_allows(self, token: int) -> bool:
-        """Ask a running matcher first, so that a refused draft is not reported as a row the core
-        had to end (it would log one, and the path is restored anyway). A paused row's matcher
-        lags behind its span on purpose; the core never feeds it the span's content."""
-        engine = self._state.engine
-        matcher = engine.matcher
-        if matcher is None or engine.paused is not None or engine.failed is not None:
-            return True
-        if not matcher.accept_token(token):
-            return False
-        matcher.rollback(1)
-        return True
-
     def rollback(self, num_tokens: int) -> None:
+        """Undo the last ``num_tokens`` accepted tokens, lazily (the module's docstring)."""
         if num_tokens <= 0:
             return
         with self._host.lock:
-            if num_tokens > len(self._trail):
-                raise ValueError(
-                    f"hermes-vllm keeps {len(self._trail)} tokens of rollback, asked for {num_tokens}"
-                )
-            undone = [self._trail.pop() for _ in range(num_tokens)][::-1]
-            self._undone = [s for s, _ in undone] + [self._snapshot()]
-            self._undone_tokens = [t for _, t in undone]
-            self._restore(self._undone[0])
+            kept = len(self._trail) - self._back
+            if num_tokens > kept:
+                raise ValueError(f"hermes-vllm keeps {kept} tokens of rollback, asked for {num_tokens}")
+            self._back += num_tokens
 
     def fill_bitmask(self, bitmask: torch.Tensor, batch_index: int) -> None:
         with self._host.lock:
-            self._undone, self._undone_tokens = [], []
+            self._go_back()
             self._host.fill_into(self._state, bitmask, batch_index)
 
     def is_terminated(self) -> bool:
-        return self._terminated
+        back = self._back
+        return self._trail[-back][2] if back else self._terminated
 
     def reset(self) -> None:
         with self._host.lock:
             self._trail.clear()
-            self._undone, self._undone_tokens = [], []
-            self._restore(self._initial)
+            self._back = 0
+            self._state.back_to(self._initial)
+            self._terminated = False
