@@ -29,13 +29,16 @@ from __future__ import annotations
 import threading
 from collections import deque
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from vllm.v1.structured_output.backend_types import StructuredOutputGrammar
 
 from hermes_vllm.grammar import GrammarCompileError
 from hermes_vllm.processor.core import ConstraintCore, Fill, RowState
+from hermes_vllm.processor.forced_drafts import ForcedDrafts
 
 if TYPE_CHECKING:
     from vllm.sampling_params import SamplingParams
@@ -108,6 +111,14 @@ class RowHost:
         masked, _ = core.fill([(row, state)], core.vocab_size, bitmask=bitmask)
         if not masked:
             bitmask[row].fill_(-1)
+
+    @cached_property
+    def drafter(self) -> ForcedDrafts:
+        """Finds the forced runs offered as grammar drafts (:mod:`~hermes_vllm.processor.forced_drafts`)."""
+        from hermes_vllm.grammar.engines.composed import sorted_vocabulary
+
+        vocab = self.core.compiler.vocab
+        return ForcedDrafts(vocab.tokenizer, vocab.decoded, vocab.stop_token_ids, sorted_vocabulary(vocab))
 
     def settle(self, state: RowState) -> None:
         """What the fill at this position does to the row (:meth:`ConstraintCore.decide`), its mask
@@ -297,8 +308,48 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
     def is_terminated(self) -> bool:
         return self._terminated
 
+    # Grammar drafts (processor/forced_drafts.py): the walk runs on copies of the row.
+
+    def forced_drafts(self, limit: int) -> list[int]:
+        """Up to ``limit`` tokens the row's grammar forces next, spelled as the model would, each
+        allowed by the row's mask at its position; the row is left where it was."""
+        host = self._host
+        with host.lock:
+            self._undone, self._undone_tokens = [], []
+            history = [token for _, token in list(self._trail)[-2:]]
+            walk = _Walk(self)
+            try:
+                return host.drafter.offer(walk, history, limit)
+            finally:
+                self._restore(walk.start)
+
     def reset(self) -> None:
         with self._host.lock:
             self._trail.clear()
             self._undone, self._undone_tokens = [], []
             self._restore(self._initial)
+
+
+class _Walk:
+    """A hosted row advanced on a forced-run walk (:class:`~hermes_vllm.processor.forced_drafts.Walk`):
+    each position filled into a scratch row, then its token accepted, as vLLM's draft path does."""
+
+    def __init__(self, grammar: HostedGrammar) -> None:
+        self._grammar = grammar
+        self.start = grammar._snapshot()
+        self._scratch = torch.zeros_like(grammar._host.core.bitmask[:1])
+
+    def mask(self) -> np.ndarray | None:
+        grammar = self._grammar
+        if grammar._terminated:
+            return None
+        core = grammar._host.core
+        masked, _ = core.fill([(0, grammar.state)], core.vocab_size, bitmask=self._scratch)
+        return self._scratch[0].numpy() if masked else None
+
+    def accept(self, token: int) -> bool:
+        grammar = self._grammar
+        return not grammar._terminated and grammar._matcher_allows(token) and grammar._accept(token)
+
+    def restart(self) -> None:
+        self._grammar._restore(self.start)

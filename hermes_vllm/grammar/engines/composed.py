@@ -91,7 +91,7 @@ class ComposedGrammar(EngineGrammar):
         self._crossings: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
         self._tool_starts: dict[int, xgr.GrammarMatcher] = {}
         self.words = (vocab.vocab_size + 31) // 32
-        _sorted(vocab)  # once per vocabulary, and not cheap: here, not at a first mask
+        sorted_vocabulary(vocab)  # once per vocabulary, and not cheap: here, not at a first mask
 
     @property
     def memory_bytes(self) -> int:
@@ -101,7 +101,7 @@ class ComposedGrammar(EngineGrammar):
         return ComposedMatcher(self, tuple(stop_token_ids))
 
     def sorted_vocabulary(self) -> SortedVocabulary:
-        return _sorted(self.vocab)
+        return sorted_vocabulary(self.vocab)
 
     def tool(self, index: int) -> Future[xgr.CompiledGrammar]:
         """Start (or join) the compile of tool ``index``'s grammar."""
@@ -167,7 +167,7 @@ _SORTED: dict[str, SortedVocabulary] = {}
 _SORTING = threading.Lock()
 
 
-def _sorted(vocab: Vocabulary) -> SortedVocabulary:
+def sorted_vocabulary(vocab: Vocabulary) -> SortedVocabulary:
     """One sorted copy per vocabulary (special tokens left out: xgrammar never allows them)."""
     with _SORTING:  # the engine's start-up thread may be building it
         if vocab.fingerprint not in _SORTED:
@@ -181,7 +181,9 @@ def sort_ahead(vocab: Vocabulary) -> None:
     docs/architecture.md), so a server's first request with many tools does not pay for it:
     started with the engine."""
     if vocab.fingerprint not in _SORTED:
-        threading.Thread(target=_sorted, args=(vocab,), name="hermes-vllm-sort-vocab", daemon=True).start()
+        threading.Thread(
+            target=sorted_vocabulary, args=(vocab,), name="hermes-vllm-sort-vocab", daemon=True
+        ).start()
 
 
 def _pack(ids: Sequence[int], words: int) -> np.ndarray:
