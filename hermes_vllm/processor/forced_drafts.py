@@ -40,6 +40,7 @@ import numpy as np
 from hermes_vllm.grammar.engines.base import token_allowed
 from hermes_vllm.grammar.engines.head import SortedVocabulary
 from hermes_vllm.memo import TextKeyed
+from hermes_vllm.settings import get_limits
 from hermes_vllm.vllm_api import touchpoints, wrap_attribute
 
 logger = logging.getLogger(__name__)
@@ -305,6 +306,8 @@ def _wrap_update(method: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(method)
     def update_draft_token_ids(self: Any, draft_token_ids: Any) -> None:
         method(self, draft_token_ids)
+        if not get_limits().grammar_drafts:
+            return
         from hermes_vllm.processor.hosted import HostedGrammar
 
         limit = self.num_spec_tokens

@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any
 
 from hermes_vllm.constraint import has_constraint
 from hermes_vllm.processor import forced_drafts
-from hermes_vllm.settings import get_limits
 from hermes_vllm.vllm_api import TouchPoint, touchpoints, vllm_attribute
 
 if TYPE_CHECKING:
@@ -165,6 +164,5 @@ def install() -> bool:
             setattr(wrapped, _PATCHED, True)
             setattr(cls, point.path[-1], wrapped)
     _missing = None
-    if get_limits().grammar_drafts:
-        forced_drafts.install()
+    forced_drafts.install()  # it reads HERMES_VLLM_GRAMMAR_DRAFTS at every step
     return True
