@@ -18,7 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +48,9 @@ def _closed_calls(text: str) -> int:
     return sum(1 for s in split_spans(text, "hermes") if s.kind == "call" and s.closed)
 
 
-def measure(concurrency: tuple[int, ...], max_tokens: int, drafts: int) -> dict[str, Any]:
+def measure(
+    concurrency: tuple[int, ...], max_tokens: int, drafts: int, save: Callable[[dict[str, Any]], None]
+) -> dict[str, Any]:
     from support.corpus import UNSATISFIABLE_BFCL_TOOL, sample_tool_sets
     from support.offline import offline_llm
     from vllm import SamplingParams
@@ -132,6 +136,7 @@ def measure(concurrency: tuple[int, ...], max_tokens: int, drafts: int) -> dict[
                         "engine_steps": steps[0],
                         "calls_completed": calls,
                         "steps_per_call": round(steps[0] * n / calls, 2) if calls else None,
+                        "steps_per_100_tokens": round(100 * steps[0] * n / tokens, 2),
                         "drafted": drafted,
                         "accepted": accepted,
                         "acceptance": round(accepted / drafted, 3) if drafted else 0.0,
@@ -141,6 +146,7 @@ def measure(concurrency: tuple[int, ...], max_tokens: int, drafts: int) -> dict[
                 )
                 print(json.dumps(runs[-1]), flush=True)
             runs.pop(-len(KINDS) - 1)  # the warm-up
+            save({"num_speculative_tokens": drafts, "max_tokens": max_tokens, "runs": runs})
     return {"num_speculative_tokens": drafts, "max_tokens": max_tokens, "runs": runs}
 
 
@@ -185,12 +191,17 @@ def main() -> None:
     args = parser.parse_args()
     if args.whitespace is not None:
         os.environ["HERMES_VLLM_MAX_CALL_WHITESPACE"] = str(args.whitespace)
-    report = measure(tuple(args.concurrency), args.max_tokens, args.drafts)
-    report["whitespace"] = "default (1)" if args.whitespace is None else args.whitespace
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"grammar-drafts-ws{1 if args.whitespace is None else args.whitespace}"
-    (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    plot(report, args.out / f"{stem}.png")
+
+    def save(report: dict[str, Any]) -> None:
+        """Written after each group of runs: a long run cut short keeps what it measured."""
+        report["whitespace"] = "default (1)" if args.whitespace is None else args.whitespace
+        report["command"] = "python benchmarks/grammar_drafts.py " + " ".join(sys.argv[1:])
+        (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        plot(report, args.out / f"{stem}.png")
+
+    save(measure(tuple(args.concurrency), args.max_tokens, args.drafts, save))
 
 
 if __name__ == "__main__":
