@@ -8,7 +8,7 @@ little, so what is accepted inside calls comes from the grammar's forced runs). 
 ``hermes_vllm`` (grammar drafts on), ``hermes_vllm_no_grammar_drafts`` (``grammar_drafts=0``,
 the proposer's drafts only) and ``vllm_structural_tag`` (``--tool-call-parser hermes
 --tool-strict-level parameter``'s tag through vLLM's structured outputs). Engine steps are the
-engine's ``step()`` calls to finish the batch; ``steps_per_call`` is that times the requests,
+scheduler's steps that ran the model, to finish the batch; ``steps_per_call`` is that times the requests,
 over the calls completed. ``python benchmarks/grammar_drafts.py [--whitespace 0]`` writes
 ``results/grammar-drafts-ws<N>.json`` and ``.png``.
 """
@@ -67,15 +67,17 @@ def measure(
     llm = offline_llm(
         tiny_model_path("mistral-v1"), speculative_config=spec, disable_log_stats=False, max_num_seqs=64
     )
-    engine = llm.llm_engine
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
     steps = [0]
-    step = engine.step
+    schedule = scheduler.schedule
 
-    def counted() -> Any:
-        steps[0] += 1
-        return step()
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        """Steps that run the model (an engine step may schedule nothing while grammars compile)."""
+        out = schedule(*args, **kwargs)
+        steps[0] += out.total_num_scheduled_tokens > 0
+        return out
 
-    engine.step = counted
+    scheduler.schedule = counted
     tokenizer = llm.get_tokenizer()
     sets = [
         [as_openai_tool(f) for f in functions]

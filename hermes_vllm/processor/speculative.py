@@ -164,5 +164,5 @@ def install() -> bool:
             setattr(wrapped, _PATCHED, True)
             setattr(cls, point.path[-1], wrapped)
     _missing = None
-    forced_drafts.install()  # it reads HERMES_VLLM_GRAMMAR_DRAFTS at every step
+    forced_drafts.install()  # it asks Limits.grammar_drafts at every step
     return True
