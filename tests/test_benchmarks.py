@@ -180,7 +180,7 @@ def test_specdec_runs(tmp_path: Path) -> None:
 
 
 def test_grammar_drafts_runs(tmp_path: Path) -> None:
-    run("grammar_drafts.py", "--concurrency", "2", "--max-tokens", "24", out=tmp_path)
+    run("grammar_drafts.py", "--concurrency", "2", "--max-tokens", "64", out=tmp_path)
     report = json.loads((tmp_path / "grammar-drafts-ws1.json").read_text())
     kinds = {r["kind"] for r in report["runs"]}
     assert kinds == {"hermes_vllm", "hermes_vllm_no_grammar_drafts", "vllm_structural_tag"}
