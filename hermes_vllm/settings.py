@@ -65,6 +65,9 @@ class Limits:
     """What the budget does with a call ``max_tokens`` would cut: ``close`` (steer it to its
     shortest valid completion) or ``drop`` (let it be cut; the parser drops it); empty: ``close``
     for ``required`` and named tool choices, ``drop`` for ``auto``."""
+    grammar_drafts: int = 1
+    """Under speculative decoding, offer the tokens a row's grammar forces next as its drafts
+    (``processor/forced_drafts.py``); 0: rows keep the proposer's drafts."""
 
 
 def _coerce(raw: str, kind: type) -> object:

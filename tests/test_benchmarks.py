@@ -179,6 +179,14 @@ def test_specdec_runs(tmp_path: Path) -> None:
     assert (tmp_path / "specdec-mistral-v1.png").stat().st_size > 0
 
 
+def test_grammar_drafts_runs(tmp_path: Path) -> None:
+    run("grammar_drafts.py", "--concurrency", "2", "--max-tokens", "64", out=tmp_path)
+    report = json.loads((tmp_path / "grammar-drafts-ws1.json").read_text())
+    kinds = {r["kind"] for r in report["runs"]}
+    assert kinds == {"hermes_vllm", "hermes_vllm_no_grammar_drafts", "vllm_structural_tag"}
+    assert (tmp_path / "grammar-drafts-ws1.png").stat().st_size > 0
+
+
 @pytest.mark.parametrize("runner", ["core", "v2-0.34"])
 def test_worstcase_sweep_runs(tmp_path: Path, runner: str) -> None:
     args = ["--sets", "0", "--shapes", "1", "--stride", "64", "--engines", "xgrammar", "--samplers", "random"]

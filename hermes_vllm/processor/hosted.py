@@ -32,13 +32,16 @@ and computes the mask only where the mask can change the row (:meth:`RowHost.set
 from __future__ import annotations
 
 import threading
+from functools import cached_property
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from vllm.v1.structured_output.backend_types import StructuredOutputGrammar
 
 from hermes_vllm.grammar import GrammarCompileError
 from hermes_vllm.processor.core import ConstraintCore, Fill, RowMark, RowState
+from hermes_vllm.processor.forced_drafts import ForcedDrafts
 
 if TYPE_CHECKING:
     from vllm.sampling_params import SamplingParams
@@ -100,6 +103,14 @@ class RowHost:
             bitmask[row].fill_(-1)
         else:
             core.fill_decided(bitmask, row, state, kind, plan, core.vocab_size)
+
+    @cached_property
+    def drafter(self) -> ForcedDrafts:
+        """Finds the forced runs offered as grammar drafts (:mod:`~hermes_vllm.processor.forced_drafts`)."""
+        from hermes_vllm.grammar.engines.composed import sorted_vocabulary
+
+        vocab = self.core.compiler.vocab
+        return ForcedDrafts(vocab.tokenizer, vocab.decoded, vocab.stop_token_ids, sorted_vocabulary(vocab))
 
     def settle(self, state: RowState) -> None:
         """What the fill at this position does to the row (:meth:`ConstraintCore.decide`), its mask
@@ -257,9 +268,61 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         back = self._back
         return self._trail[-back][2] if back else self._terminated
 
+    # Grammar drafts (processor/forced_drafts.py): the walk runs on the row, then goes back.
+
+    def forced_drafts(self, limit: int) -> list[int]:
+        """Up to ``limit`` tokens the row's grammar forces next, spelled as the model would, each
+        allowed by the row's mask at its position; the row is left where it was."""
+        host = self._host
+        with host.lock:
+            self._go_back()
+            history = [token for _, token, _ in self._trail[-2:]]
+            walk = _Walk(self)
+            try:
+                return host.drafter.offer(walk, history, limit)
+            finally:
+                walk.restart()
+
     def reset(self) -> None:
         with self._host.lock:
             self._trail.clear()
             self._back = 0
             self._state.back_to(self._initial)
             self._terminated = False
+
+
+class _Walk:
+    """A hosted row advanced on a forced-run walk (:class:`~hermes_vllm.processor.forced_drafts.Walk`):
+    each position filled into a scratch row, then its token accepted, as vLLM's draft path does;
+    the row is marked where the walk began and goes back there (:meth:`RowState.back_to`)."""
+
+    def __init__(self, grammar: HostedGrammar) -> None:
+        self._grammar = grammar
+        self._start: tuple[RowMark, bool] = (grammar._state.mark(), grammar._terminated)
+        self._scratch = torch.zeros_like(grammar._host.core.bitmask[:1])
+
+    def mask(self) -> np.ndarray | None:
+        grammar = self._grammar
+        if grammar._terminated:
+            return None
+        core = grammar._host.core
+        masked, _ = core.fill([(0, grammar._state)], core.vocab_size, bitmask=self._scratch)
+        return self._scratch[0].numpy() if masked else None
+
+    def accept(self, token: int) -> bool:
+        """Advance by ``token``; a refused one leaves the row as it was (put back to its mark)."""
+        grammar = self._grammar
+        if grammar._terminated:
+            return False
+        state = grammar._state
+        before = state.mark()
+        if grammar._accept(token):
+            return True
+        state.back_to(before)
+        grammar._terminated = False
+        return False
+
+    def restart(self) -> None:
+        mark, terminated = self._start
+        self._grammar._state.back_to(mark)
+        self._grammar._terminated = terminated

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from hermes_vllm.constraint import has_constraint
+from hermes_vllm.processor import forced_drafts
 from hermes_vllm.vllm_api import TouchPoint, touchpoints, vllm_attribute
 
 if TYPE_CHECKING:
@@ -164,4 +165,5 @@ def install() -> bool:
             setattr(wrapped, _PATCHED, True)
             setattr(cls, point.path[-1], wrapped)
     _missing = None
+    forced_drafts.install()  # it asks Limits.grammar_drafts at every step
     return True

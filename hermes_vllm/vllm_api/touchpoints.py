@@ -276,6 +276,39 @@ MANAGER_CREATE = _point(
     "as MANAGER_INIT",
     "request",
 )
+SCHEDULER_DRAFTS = _point(
+    "vllm.v1.core.sched.scheduler:Scheduler.update_draft_token_ids",
+    "wrap",
+    "processor/forced_drafts.py",
+    "no grammar drafts: constrained rows keep the proposer's drafts (a warning says so)",
+    "draft_token_ids",
+)
+SCHEDULER = _point(
+    "vllm.v1.core.sched.scheduler:Scheduler",
+    "type",
+    "processor/forced_drafts.py",
+    "as SCHEDULER_DRAFTS; its instances' ``requests`` and ``num_spec_tokens`` are read "
+    "(set in ``__init__``: tests/test_forced_drafts.py runs the release's method)",
+)
+DRAFT_IDS = _point(
+    "vllm.v1.outputs:DraftTokenIds", "type", "processor/forced_drafts.py", "as SCHEDULER_DRAFTS", "req_ids"
+)
+REQUEST = _point(
+    "vllm.v1.request:Request",
+    "type",
+    "processor/forced_drafts.py",
+    "as SCHEDULER_DRAFTS; its instances' ``spec_token_ids``, ``structured_output_request`` and "
+    "``is_prefill_chunk`` are read (set in ``__init__``: tests/test_forced_drafts.py runs the "
+    "release's method)",
+    "is_finished",
+)
+STRUCTURED_REQUEST = _point(
+    f"{_SO}.request:StructuredOutputRequest",
+    "type",
+    "processor/forced_drafts.py",
+    "as SCHEDULER_DRAFTS",
+    "grammar",
+)
 STRUCTURED_PARAMS = _point(
     "vllm.sampling_params:StructuredOutputsParams",
     "type",
@@ -439,7 +472,8 @@ TOUCH_POINTS: tuple[TouchPoint, ...] = (
     V2_CPU_BUFFERS,
     V1_PROCESSOR, V1_BATCH_UPDATE, V1_DICT_UPDATES, V1_INPUT_BATCH, V1_ASYNC_REPAIR,
     CONFIG, TOKENIZER, WORKER_STATUS, ASYNC_GENERATE, ASYNC_RPC, SAMPLING_PARAMS,
-    GRAMMAR, MANAGER_INIT, MANAGER_GRAMMAR_INIT, MANAGER_CREATE, STRUCTURED_PARAMS,
+    GRAMMAR, MANAGER_INIT, MANAGER_GRAMMAR_INIT, MANAGER_CREATE, SCHEDULER_DRAFTS, SCHEDULER, DRAFT_IDS,
+    REQUEST, STRUCTURED_REQUEST, STRUCTURED_PARAMS,
     TOOL_PARSER, REASONING_PARSER, REASONING_END, *REASONING_END_MEMBERS, TOOL_PARSERS, REASONING_PARSERS,
     GET_PARSER, CHAT_FULL, OFFLINE_ADD,
     OFFLINE_STEP, OFFLINE_METRICS, *METRIC_TYPES, RESPONSES_TOOLS, *PROTOCOL, CHAT_REQUEST, RESPONSES_REQUEST,

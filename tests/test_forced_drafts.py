@@ -1,0 +1,191 @@
+"""Grammar drafts (:mod:`hermes_vllm.processor.forced_drafts`): a hosted row whose grammar forces
+its next tokens offers them as drafts, spelled as the served tokenizer spells them, and each is
+allowed by the row's own mask at its position.
+
+Checked on real tokenizers (SentencePiece's 32k Mistral v1 and the 131k tekken BPE) by feeding a
+hosted row the tokenizer's own spelling of a whole call and asking, at every position, for the
+forced drafts: they must be the next tokens of that spelling (never a token boundary the model
+would not write), and the row's masks must allow them. Then vLLM's own scheduler code (0.32 here,
+0.33 / 0.34 under ``make compat``) is run with the wrapped ``update_draft_token_ids``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from support.budget_scenarios import WEATHER
+from support.drafts import NGRAM
+
+from hermes_vllm import constraint_args, settings
+from hermes_vllm.grammar.engines.base import token_allowed
+from hermes_vllm.processor import forced_drafts
+from hermes_vllm.processor.core import ConstraintCore
+
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+BOOKING = {
+    "type": "function",
+    "function": {
+        "name": "book_table",
+        "parameters": {
+            "type": "object",
+            "properties": {"restaurant": {"type": "string"}, "party_size": {"type": "integer"}},
+            "required": ["restaurant", "party_size"],
+            "additionalProperties": False,
+        },
+    },
+}
+CALLS = {
+    "weather": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+    "booking": '<tool_call>\n{"name": "book_table", "arguments": {"restaurant": "Chez Nous", "party_size": 4}}\n'
+    "</tool_call>",
+}
+COMPACT = {
+    "weather": '<tool_call>{"name":"get_weather","arguments":{"city":"Paris"}}</tool_call>',
+    "booking": '<tool_call>{"name":"book_table","arguments":{"restaurant":"Chez Nous","party_size":4}}</tool_call>',
+}
+
+
+@pytest.fixture
+def whitespace(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
+    """``max_call_whitespace`` for the rows built in the test (the default 1, or 0)."""
+    monkeypatch.setenv("HERMES_VLLM_MAX_CALL_WHITESPACE", str(request.param))
+    settings.get_limits.cache_clear()
+    yield request.param
+    monkeypatch.undo()
+    settings.get_limits.cache_clear()
+
+
+_HOSTS: dict[tuple[int, int], Any] = {}
+
+
+def hosted(tokenizer: Any, tools: list[Any], choice: Any) -> Any:
+    """A factory of hosted rows for ``tools`` and ``choice`` (one core per tokenizer and
+    whitespace setting: loading a vocabulary is the slow part)."""
+    from vllm import SamplingParams
+
+    from hermes_vllm.processor.hosted import RowHost
+
+    key = (id(tokenizer), settings.get_limits().max_call_whitespace)
+    if key not in _HOSTS:
+        _HOSTS[key] = RowHost(ConstraintCore(lambda: tokenizer, len(tokenizer), engine="auto"), window=6)
+    host = _HOSTS[key]
+    params = SamplingParams(max_tokens=200, extra_args=constraint_args(tools, choice))
+    return lambda: host.grammar(params)
+
+
+def offers(tokenizer: Any, tools: list[Any], choice: Any, text: str) -> tuple[list[int], list[list[int]]]:
+    """The tokenizer's spelling of ``text`` and a stop token, and the drafts a row fed that
+    spelling offers at each position (each checked against the row's mask there)."""
+    row = hosted(tokenizer, tools, choice)()
+    ids = [*tokenizer.encode(text, add_special_tokens=False), tokenizer.eos_token_id]
+    width = len(tokenizer)
+    bitmask = torch.zeros((1, (width + 31) // 32), dtype=torch.int32)
+    drafts: list[list[int]] = []
+    for i, token in enumerate(ids):
+        offered = row.forced_drafts(NGRAM["num_speculative_tokens"])
+        drafts.append(offered)
+        for draft in offered:  # the drafts' own rows, as vLLM's draft path fills them
+            row.fill_bitmask(bitmask, 0)
+            assert token_allowed(bitmask[0].numpy(), draft), (i, offered)
+            assert row.accept_tokens("row", [draft])
+        row.rollback(len(offered))
+        row.fill_bitmask(bitmask, 0)
+        assert row.accept_tokens("row", [token]), (i, token)
+    return ids, drafts
+
+
+@pytest.mark.parametrize("whitespace", [1, 0], indirect=True)
+@pytest.mark.parametrize(
+    ("tools", "choice", "call"), [([WEATHER], NAMED, "weather"), ([WEATHER, BOOKING], "required", "booking")]
+)
+def test_forced_drafts_are_the_tokenizers_own_next_tokens_and_the_mask_allows_them(
+    any_tokenizer: Any, whitespace: int, tools: list[Any], choice: Any, call: str
+) -> None:
+    text = (COMPACT if whitespace == 0 else CALLS)[call]
+    ids, drafts = offers(any_tokenizer, tools, choice, text)
+    for i, offered in enumerate(drafts):
+        assert offered == ids[i : i + len(offered)], (i, any_tokenizer.convert_ids_to_tokens(offered))
+    begun = next(i for i in range(len(ids)) if any_tokenizer.decode(ids[:i]).endswith(('"get', '"book')))
+    assert any(drafts[begun - 1 : begun + 2]), "the rest of the tool's name is forced once begun"
+
+
+@pytest.mark.parametrize("whitespace", [0], indirect=True)
+def test_without_whitespace_the_envelope_is_forced_further(any_tokenizer: Any, whitespace: int) -> None:
+    """At ``max_call_whitespace=0`` a named call's envelope is one forced run from its first
+    token: more positions offer drafts than under the default whitespace (measured beside)."""
+    ids, drafts = offers(any_tokenizer, [WEATHER], NAMED, COMPACT["weather"])
+    assert sum(map(len, drafts)) >= len(ids) // 2, drafts
+
+
+def test_a_run_whose_end_the_model_spells_with_what_follows_is_held_back(tokenizer: Any) -> None:
+    """After ``"get_weather`` the closing quote is forced, but the tokenizer writes it together
+    with what follows (``",``): a draft of the lone quote would be a boundary the model does not
+    write, so it is not offered, though the row's mask allows exactly that byte run."""
+    text = CALLS["weather"]
+    ids, drafts = offers(tokenizer, [WEATHER], NAMED, text)
+    quote = next(i for i in range(len(ids)) if tokenizer.decode(ids[:i]).endswith("get_weather"))
+    assert (
+        tokenizer.convert_ids_to_tokens(ids[quote]).startswith('"')
+        and len(tokenizer.decode([ids[quote]])) > 1
+    )
+    assert drafts[quote] == []
+
+
+def test_a_byte_forced_run_the_mask_spells_many_ways_is_offered_as_the_tokenizer_spells_it(
+    tokenizer: Any,
+) -> None:
+    """Inside the tool's name the mask allows several tokens (every prefix of the rest of the
+    name); the drafts are the tokenizer's own spelling, which is not the shortest-token walk."""
+    row = hosted(tokenizer, [WEATHER], NAMED)()
+    ids = tokenizer.encode(CALLS["weather"], add_special_tokens=False)
+    at = next(i for i in range(len(ids)) if tokenizer.decode(ids[:i]).endswith('"name": "'))
+    assert row.accept_tokens("r", ids[:at])
+    width = len(tokenizer)
+    bitmask = torch.zeros((1, (width + 31) // 32), dtype=torch.int32)
+    row.fill_bitmask(bitmask, 0)
+    words = bitmask[0].numpy()
+    assert sum(token_allowed(words, t) for t in range(width)) > 1
+    assert row.forced_drafts(3) == ids[at : at + 3]
+    row.fill_bitmask(bitmask, 0)
+    assert torch.equal(bitmask[0], torch.from_numpy(words)), "offering leaves the row where it was"
+
+
+def test_the_releases_scheduler_takes_the_forced_run_as_the_drafts(tokenizer: Any, tiny_model: Path) -> None:
+    """vLLM's own ``Scheduler.update_draft_token_ids`` (whichever release runs), wrapped: a row
+    inside a forced run gets it as its drafts in place of the proposer's (a random draft here),
+    the structured-output manager masks them, and every one is allowed by its row."""
+    from test_speculative import _release_manager
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.outputs import DraftTokenIds
+
+    assert forced_drafts.install()
+    manager = _release_manager(tiny_model, len(tokenizer))
+    row = hosted(tokenizer, [WEATHER], NAMED)()
+    ids = tokenizer.encode(CALLS["weather"], add_special_tokens=False)
+    at = next(i for i in range(len(ids)) if tokenizer.decode(ids[:i]).endswith('"name": "'))
+    assert row.accept_tokens("r", ids[:at])
+    request = SimpleNamespace(
+        structured_output_request=SimpleNamespace(grammar=row, reasoning_ended=True),
+        use_structured_output=True,
+        request_id="r",
+        spec_token_ids=[],
+        is_prefill_chunk=False,
+        is_finished=lambda: False,
+    )
+    scheduler = SimpleNamespace(
+        requests={"r": request},
+        structured_output_manager=manager,
+        num_spec_tokens=NGRAM["num_speculative_tokens"],
+    )
+    wrong = random.Random(0).randrange(len(tokenizer))
+    Scheduler.update_draft_token_ids(scheduler, DraftTokenIds(["r"], [[wrong]]))
+    assert request.spec_token_ids == ids[at : at + 3]
+    bitmask = manager.grammar_bitmask({"r": request}, ["r"], {"r": request.spec_token_ids})
+    for position, draft in enumerate(request.spec_token_ids):
+        assert token_allowed(bitmask[position], draft), position
