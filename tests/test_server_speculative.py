@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import json
 import re
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +25,7 @@ from support.drafts import COPYABLE_PROMPT, NGRAM
 
 from hermes_vllm import constraint_args
 from hermes_vllm.demo.server import CPU_ARGS, CPU_ENV, openai_server
+from hermes_vllm.metrics import FLUSH_S
 from hermes_vllm.spans import split_spans
 from hermes_vllm.testing import tiny_model_path
 
@@ -70,6 +72,12 @@ def test_every_budget_scenario_keeps_its_promise_with_drafts_and_no_bias(
     assert any(r.calls for r in replies)
     assert metric(url, "vllm:spec_decode_num_draft_tokens_total") > 0
     assert "ending a constrained request" not in log.read_text(encoding="utf-8")
+    # The hosted rows' steps reach the step metrics too (a process writes them every FLUSH_S).
+    deadline = time.monotonic() + 10 * FLUSH_S
+    while metric(url, "hermes_vllm:step_seconds_count") == 0 and time.monotonic() < deadline:
+        time.sleep(FLUSH_S)
+    assert metric(url, "hermes_vllm:step_seconds_count") > 0
+    assert metric(url, "hermes_vllm:constrained_rows") >= 1
 
 
 def test_drafts_copied_from_the_prompt_are_accepted(server: tuple[str, str, Any, Path]) -> None:

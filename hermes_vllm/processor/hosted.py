@@ -31,7 +31,10 @@ and computes the mask only where the mask can change the row (:meth:`RowHost.set
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
+from collections.abc import Iterator
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -40,6 +43,7 @@ import torch
 from vllm.v1.structured_output.backend_types import StructuredOutputGrammar
 
 from hermes_vllm.grammar import GrammarCompileError
+from hermes_vllm.metrics import record_step
 from hermes_vllm.processor.core import ConstraintCore, Fill, RowMark, RowState
 from hermes_vllm.processor.forced_drafts import ForcedDrafts
 
@@ -62,7 +66,22 @@ class RowHost:
         self.lock = threading.Lock()
         self._checked: torch.Tensor | None = None
         """The last bitmask found alike the core's."""
+        self._filled: set[int] = set()
+        """The rows (by their state's id) filled in the step under way (:meth:`step`)."""
         core.log_refusals = False  # a refused draft's row is put back (HostedGrammar.accept_tokens)
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[None]:
+        """One engine step's masks (vLLM's ``grammar_bitmask``, on the scheduler's thread): its
+        time and the hosted rows it filled go to the step metrics, once a step as the batch
+        processors record theirs (:func:`~hermes_vllm.metrics.record_step`), where it filled any."""
+        self._filled.clear()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self._filled:
+                record_step(len(self._filled), time.perf_counter() - start)
 
     def grammar(self, params: SamplingParams) -> HostedGrammar:
         """Admit a request and wait for its compile, as vLLM's backends do on their compile thread
@@ -86,6 +105,7 @@ class RowHost:
         the row cannot be filled in place (vLLM keeps one bitmask: it is checked once). One row,
         so :meth:`ConstraintCore.fill`'s batch is skipped: the row's decision, then its mask."""
         core = self.core
+        self._filled.add(id(state))
         if bitmask is not self._checked:
             own = core.bitmask
             if bitmask.shape[1] != own.shape[1] or bitmask.dtype != own.dtype:

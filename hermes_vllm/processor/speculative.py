@@ -10,13 +10,14 @@ is made a structured-output request whose grammar is our row
 
 - the frontend (``validate_params``, once the engine announced itself as ``"speculative"``) gives
   the request the marker ``structured_outputs`` :data:`MARKER`;
-- in the engine process, three methods of ``StructuredOutputManager`` are wrapped
+- in the engine process, four methods of ``StructuredOutputManager`` are wrapped
   (:func:`install`, from the general plugin): ``__init__`` announces the engine when a
   speculative config is set; ``grammar_init`` gives a marked request vLLM's configured backend
   (vLLM keeps one backend per engine, and it still allocates the bitmask) and tells it the
   request's reasoning is ours to read (our turn grammar covers reasoning spans and their budget,
   so vLLM's reasoning gate must not hold the grammar back until ``</think>``);
-  ``_create_grammar`` builds our grammar for a marked request.
+  ``_create_grammar`` builds our grammar for a marked request; ``grammar_bitmask`` (the step's
+  masks) is timed for the step metrics where it fills hosted rows.
 
 vLLM offers no hook for this; each target is looked up by name, and where one is missing nothing
 is patched and constrained requests are refused under speculative decoding, naming what this vLLM
@@ -140,10 +141,23 @@ def _wrap_create(method: Callable[..., Any]) -> Callable[..., Any]:
     return _create_grammar
 
 
+def _wrap_bitmask(method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def grammar_bitmask(self: Any, *args: Any, **kwargs: Any) -> Any:
+        found: RowHost | None = getattr(self, _HOST, None)
+        if found is None:
+            return method(self, *args, **kwargs)
+        with found.step():
+            return method(self, *args, **kwargs)
+
+    return grammar_bitmask
+
+
 _WRAPPERS: dict[TouchPoint, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
     touchpoints.MANAGER_INIT: _wrap_init,
     touchpoints.MANAGER_GRAMMAR_INIT: _wrap_grammar_init,
     touchpoints.MANAGER_CREATE: _wrap_create,
+    touchpoints.MANAGER_BITMASK: _wrap_bitmask,
 }
 
 

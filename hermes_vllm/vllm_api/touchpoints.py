@@ -309,6 +309,13 @@ STRUCTURED_REQUEST = _point(
     "as SCHEDULER_DRAFTS",
     "grammar",
 )
+MANAGER_BITMASK = _point(
+    f"{_SO}:StructuredOutputManager.grammar_bitmask",
+    "wrap",
+    "processor/speculative.py",
+    "as MANAGER_INIT",
+    *("requests", "structured_output_request_ids", "scheduled_spec_decode_tokens"),
+)
 STRUCTURED_PARAMS = _point(
     "vllm.sampling_params:StructuredOutputsParams",
     "type",
