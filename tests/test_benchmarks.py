@@ -59,7 +59,17 @@ def test_v2_order_runs(tmp_path: Path) -> None:
         out=tmp_path,
     )
     result = json.loads((tmp_path / "v2_order-mistral-v1.json").read_text())
-    assert set(result["us_per_step"]) == {"v2 (0.33 order)", "v2 (0.34 order)", "hosted"}
+    kinds = {"v2 (0.33 order)", "v2 (0.34 order)", "v2 (0.34 order, no step hook)"}
+    assert set(result["us_per_step"]) == {*kinds, "hosted"}
+    late = result["late_gathers"]
+    # The step hook copies the rows' tokens before the forward on every step of both orders.
+    assert {
+        kind: late[kind]["gathered_after_forward"] for kind in kinds - {"v2 (0.34 order, no step hook)"}
+    } == {
+        "v2 (0.33 order)": 0,
+        "v2 (0.34 order)": 0,
+    }
+    assert late["v2 (0.34 order, no step hook)"]["gathered_after_forward"] > 0
     assert (tmp_path / "v2_order-mistral-v1.png").exists()
 
 
