@@ -29,13 +29,15 @@ venv: $(VENV)/.installed
 # dev extras. `make demo` trains its model while the second step installs.
 RUNTIME = $(firstword $(subst $(comma), ,$(EXTRAS)))
 comma := ,
+# These come with vLLM's requirements (triton with xgrammar's too: every install resolves them again)
+# but do not import beside the CPU torch and break model loading.
+UNINSTALL_BROKEN = case '$(EXTRAS)' in *cpu*) $(PY) -m pip uninstall -y torchvision torchaudio torchcodec triton ;; esac
 
 $(VENV)/.runtime: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install -e '.[$(RUNTIME)]'
-	# These come with vLLM's requirements but do not import beside the CPU torch and break model loading.
-	case '$(EXTRAS)' in *cpu*) $(PY) -m pip uninstall -y torchvision torchaudio torchcodec triton ;; esac
+	$(UNINSTALL_BROKEN)
 	# tests/ on the venv's path: the test bench (tests/support/, never shipped) for the tests, the
 	# benchmarks and the processes they start.
 	echo '$(CURDIR)/tests' > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/hermes_vllm_tests.pth"
@@ -43,6 +45,7 @@ $(VENV)/.runtime: pyproject.toml
 
 $(VENV)/.installed: $(VENV)/.runtime
 	$(PY) -m pip install -e '.[$(EXTRAS)]'
+	$(UNINSTALL_BROKEN)
 	touch $@
 
 # The demo's model (trained on first use, then cached) trains in a second process while the dev
