@@ -239,3 +239,67 @@ def test_kept_drafts_are_taken_from_the_path_and_each_draft_is_offered_once(
     plain.fill_bitmask(row, 0)
     hosted.fill_bitmask(bitmask, 0)
     assert torch.equal(row[0], bitmask[0])
+
+
+CALL_TEXT = (
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "'
+    + "Llanfair pwllgwyngyll gogery chwyrn drobwll "
+    + 'Zürich"}}\n</tool_call>\nDone.'
+)
+
+
+@pytest.fixture(scope="module")
+def cores(tokenizer: Any) -> tuple[ConstraintCore, ConstraintCore, list[int]]:
+    """A core, one with its O(1) path inside calls switched off, and the count of the tokens the
+    first took that path for."""
+    fast, full = (ConstraintCore(lambda: tokenizer, len(tokenizer), engine="xgrammar") for _ in range(2))
+    taken = [0]
+    lengthen = fast._lengthen_call
+
+    def counted(state: RowState, token: int) -> bool:
+        done = lengthen(state, token)
+        taken[0] += done
+        return done
+
+    fast._lengthen_call = counted  # type: ignore[method-assign]
+    full._lengthen_call = lambda state, token: False  # type: ignore[method-assign]
+    return fast, full, taken
+
+
+@pytest.mark.parametrize(
+    ("mode", "max_tokens", "stop"),
+    [("auto", 400, ()), ("required", 400, ()), ("required", 40, ()), ("auto", 400, ("Paris",))],
+)
+def test_a_token_that_only_lengthens_a_call_leaves_the_row_as_the_full_reading_does(
+    tokenizer: Any,
+    cores: tuple[ConstraintCore, ConstraintCore, list[int]],
+    mode: str,
+    max_tokens: int,
+    stop: tuple[str, ...],
+) -> None:
+    """Inside a call, most tokens only lengthen its text: the core follows them in O(1)
+    (``ConstraintCore._lengthen_call``) instead of through the follower, the budget and the
+    gate. Fed the same tokens, with each position's decision first as a fill makes it, a row so
+    followed and one read in full (that path switched off) agree on every field and every
+    decision, at every token: gated or not, far from the budget's alert window or inside it (40
+    tokens: the call is steered), with a refused stop string (the path is never taken then)."""
+    fast_core, full_core, taken = cores
+    taken[0] = 0
+    rows = []
+    for core in (fast_core, full_core):
+        state = core.admit(constraint_args([WEATHER], mode), [], max_tokens=max_tokens, stop=list(stop))
+        assert state is not None
+        rows.append((core, state))
+    for token in tokenizer.encode(CALL_TEXT, add_special_tokens=False):
+        decisions = [core.decide(state) for core, state in rows]
+        assert decisions[0] == decisions[1]
+        for core, state in rows:
+            core.advance(state, (token,))
+        fast, full = (describe(state) for _, state in rows)
+        # The matchers are two objects: compare their counts of accepted tokens.
+        fast_matcher, full_matcher = fast.pop("row.engine.matcher"), full.pop("row.engine.matcher")
+        assert (fast_matcher is None) == (full_matcher is None)
+        assert fast_matcher is None or fast_matcher[1] == full_matcher[1]
+        assert fast == full
+    assert rows[0][1].failed is None
+    assert (taken[0] > 10) == (not stop and max_tokens > 100)  # in the alert window: read in full

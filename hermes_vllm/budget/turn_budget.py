@@ -150,6 +150,9 @@ class TurnBudget:
         """The most one token can add to a begun answer's shortest completion."""
         self.follower = follower
         """The row's text since its last clean point (shared with the processor's gate)."""
+        self._alert_floor = max(reserve, answer_reserve + answer_lookahead)
+        self._alert_extra = margin + max(lookahead, answer_lookahead) + 1
+        """The terms of :attr:`alert` fixed at admission: read on every token, computed once."""
         self.progress = Progress(need=reserve)
         self._acted = [-1]
         """The position of the latest budget action counted; one list shared by every copy."""
@@ -172,13 +175,7 @@ class TurnBudget:
     def alert(self) -> int:
         """From this many tokens left on, the budget must look at every token (clean free text
         included); before it, clean free text without a tag's first byte changes nothing."""
-        reserve = max(self.reserve, self.answer_reserve + self.answer_lookahead)
-        return (
-            max(reserve, 2 * self.progress.need)
-            + self.margin
-            + max(self.lookahead, self.answer_lookahead)
-            + 1
-        )
+        return max(self._alert_floor, 2 * self.progress.need) + self._alert_extra
 
     @property
     def watch_from(self) -> int:
@@ -286,13 +283,22 @@ class TurnBudget:
         text stands (inside a call or its tag, inside a reasoning/hidden span, in free text).
         ``NOTHING`` (the object itself) where the budget demands nothing.
         """
-        self.progress.planned = consumed
-        if self.progress.forcing:
-            return Plan(self.progress.forcing)
+        progress = self.progress
+        progress.planned = consumed
+        if progress.forcing:
+            return Plan(progress.forcing)
         left = self.max_tokens - consumed
-        if self.in_call():
+        tail = self.follower.tail
+        span = tail.open
+        if span is not None and span.kind == "call":
+            # Inside a call, far from the alert window: nothing to steer, no call to refuse.
+            close = self.close
+            if not close or (left > self.reserve and left > self.alert):
+                return NOTHING
             return self._plan_call(left)
-        if self.tail.open is not None:
+        if tail.begun == "call":
+            return self._plan_call(left)
+        if span is not None:
             return self._plan_span(left)
         return self._plan_free(left)
 

@@ -632,6 +632,8 @@ class ConstraintCore:
         its whole output into a fresh state) is planned for first: what the budget was forcing
         there (the rest of a closing completion, its mark) is forced again after resumption.
         """
+        if len(new_tokens) == 1 and self._lengthen_call(state, new_tokens[0]):
+            return
         budget = state.budget
         if (budget is not None or state.gate.on) and new_tokens and state.engine.failed is None:
             latin1 = self.compiler.vocab.latin1
@@ -644,6 +646,54 @@ class ConstraintCore:
         self._advance(state, new_tokens)
         engine = state.engine
         state.gate.settle(engine.matcher is None and engine.failed is None)
+
+    def _lengthen_call(self, state: RowState, token: int) -> bool:
+        """Advance a row inside a call by one token that only lengthens the call's text, in O(1);
+        False, with nothing done, where the token needs :meth:`advance`'s full reading.
+
+        Inside a call, with nothing forced, at a character boundary, and no stop string or tag
+        watched in the recent text, an ASCII token without the closing tag's first byte changes
+        only the call's text, the engine's matcher and the tokens held for it: the budget counts
+        no span token, the follower reads no tail, the gate keeps its watch. Taking that path
+        here skips the follower's, the budget's and the gate's general readings of every token
+        (most tokens of a call: its keys, values, punctuation), with the same result.
+        """
+        engine = state.engine
+        matcher = engine.matcher
+        gate = state.gate
+        budget = state.budget
+        if matcher is None or engine.paused is not None or (budget is None and not gate.on):
+            return False
+        follower = gate.follower
+        tail = follower.tail
+        span = tail.open
+        if span is None or span.kind != "call" or tail.end_begun or follower.reach:
+            return False
+        if budget is not None:
+            progress = budget.progress
+            if progress.forcing or progress.utf8 or progress.planned != state.consumed:
+                return False
+        latin1 = self.compiler.vocab.latin1
+        if not 0 <= token < len(latin1):
+            return False
+        piece = latin1[token]
+        assert span.tags is not None
+        if span.tags.end[0] in piece or not piece.isascii():
+            return False
+        if gate.on and (not gate.watch or self._watch_array(gate.watch)[token]):
+            return False
+        follower.text += piece
+        state.consumed += 1
+        if gate.on:
+            gate.pending.append(token)
+            if budget is not None:
+                gate.read_all_from(budget.watch_from)
+        gate.quiet = False  # the engine runs: what settling after a step gives
+        if not matcher.accept_token(token):
+            self._fail(state, f"sampled token {token} is outside the grammar", self.log_refusals)
+        else:
+            engine.ended = matcher.is_terminated()
+        return True
 
     @staticmethod
     def _follow(state: RowState, piece: str) -> None:
