@@ -80,7 +80,7 @@ def test_property_names_of_an_enum_become_a_closed_object_validators_read_alike(
     ("names", "kept"),
     [
         ({"const": "a"}, None),
-        ({"maxLength": 2}, None),
+        ({"maxLength": 2}, "propertyNames"),
         ({"format": "email"}, "propertyNames"),
     ],
 )

@@ -465,33 +465,16 @@ def _allowed_names(names: JSON) -> list[str] | None:
     return [v for v in dict.fromkeys(v for v in values if isinstance(v, str)) if check.is_valid(v)]
 
 
-def _names_pattern(names: JSON) -> str | None:
-    """The regex a ``pattern`` / ``minLength`` / ``maxLength`` names schema is (one of them: an
-    engine's regex cannot intersect a pattern with a length); ``None`` otherwise."""
-    if not isinstance(names, dict) or set(names) - {"type", "pattern", "minLength", "maxLength"}:
-        return None
-    kind = names.get("type", "string")
-    if kind != "string" and not (isinstance(kind, list) and "string" in kind):
-        return None  # a key is a string: a type list holding it says nothing more
-    pattern, low, high = names.get("pattern"), names.get("minLength", 0), names.get("maxLength")
-    if isinstance(pattern, str):
-        return pattern if len(names) - ("type" in names) == 1 else None
-    if not isinstance(low, int) or not (high is None or isinstance(high, int)):
-        return None
-    return f"^[\\s\\S]{{{low},{'' if high is None else high}}}$"
-
-
 def _property_names(schema: JSON) -> None:
     """``propertyNames`` spelled in keywords every engine reads (none enforces it as written).
 
     Finitely many names (pydantic's ``dict[Literal[...], V]``, ``dict[SomeEnum, V]``) make the
     object of those optional properties and no other, each holding what the object said for
     that name (its ``properties`` entry, the ``patternProperties`` it matches, else
-    ``additionalProperties``). A ``pattern`` or length on the names of an object with neither
-    ``properties`` nor ``patternProperties`` (``dict[constr(pattern=...), V]``) is that
-    ``patternProperties`` entry with ``additionalProperties: false``. Both exact; a name that two
-    of the object's schemas would apply to, or any other names schema, is left for the coverage
-    check, which refuses it by name.
+    ``additionalProperties``): exact. A name that two of the object's schemas would apply to, or
+    any other names schema (a ``pattern`` or length on free names among them: as
+    ``patternProperties`` it would be refused under that name, which the client never wrote), is
+    left for the coverage check, which refuses it by name.
     """
     for _, sub in list(iter_subschemas(schema)):
         if "propertyNames" not in sub:
@@ -518,10 +501,6 @@ def _property_names(schema: JSON) -> None:
                 sub.pop("patternProperties", None)
                 del sub["propertyNames"]
             continue
-        regex = _names_pattern(names)
-        if regex is not None and not props and not patterns:
-            sub["patternProperties"], sub["additionalProperties"] = {regex: extra}, False
-            del sub["propertyNames"]
 
 
 def _declare_required(tool: str, schema: JSON) -> None:
