@@ -189,6 +189,7 @@ def test_specdec_runs(tmp_path: Path) -> None:
     assert (tmp_path / "specdec-mistral-v1.png").stat().st_size > 0
 
 
+@pytest.mark.engine  # the batches run on offline engines with ngram drafts
 def test_grammar_drafts_runs(tmp_path: Path) -> None:
     run("grammar_drafts.py", "--concurrency", "2", "--max-tokens", "64", out=tmp_path)
     report = json.loads((tmp_path / "grammar-drafts-ws1.json").read_text())
