@@ -1,16 +1,18 @@
 """Grammar drafts: engine steps per completed call, draft acceptance and output tokens/s, ours
 with and without grammar drafts against vLLM's structural tag with the same ngram drafter.
 
-Offline, greedy, on the tiny random model, one engine with ngram drafts; ``required`` and named
-requests over BFCL tool sets (one set a request, :func:`support.corpus.sample_tool_sets`), 16 and
-64 at once. Each request's prompt lists its tools (no call to copy: the ngram proposer finds
-little, so what is accepted inside calls comes from the grammar's forced runs). Kinds:
+Offline, greedy, one engine with ngram drafts, on the tiny random model (``--model random``: a
+prompt that lists the tools) or the demo's trained model (``--model trained``: its chat template's
+prompt for a BFCL question); ``required`` and named requests over BFCL tool sets (one set a
+request, :func:`support.corpus.sample_tool_sets`), 16 and 64 at once. No call to copy in the
+prompt: the ngram proposer finds little, so what is accepted inside calls comes from the
+grammar's forced runs. Kinds:
 ``hermes_vllm`` (grammar drafts on), ``hermes_vllm_no_grammar_drafts`` (``grammar_drafts=0``,
 the proposer's drafts only) and ``vllm_structural_tag`` (``--tool-call-parser hermes
 --tool-strict-level parameter``'s tag through vLLM's structured outputs). Engine steps are the
 scheduler's steps that ran the model, to finish the batch; ``steps_per_call`` is that times the requests,
-over the calls completed. ``python benchmarks/grammar_drafts.py [--whitespace 0]`` writes
-``results/grammar-drafts-ws<N>.json`` and ``.png``.
+over the calls completed. ``python benchmarks/grammar_drafts.py [--whitespace 0] [--model trained]`` writes
+``results/grammar-drafts-ws<N>[-trained].json`` and ``.png``.
 """
 
 from __future__ import annotations
@@ -49,7 +51,11 @@ def _closed_calls(text: str) -> int:
 
 
 def measure(
-    concurrency: tuple[int, ...], max_tokens: int, drafts: int, save: Callable[[dict[str, Any]], None]
+    concurrency: tuple[int, ...],
+    max_tokens: int,
+    drafts: int,
+    model: str,
+    save: Callable[[dict[str, Any]], None],
 ) -> dict[str, Any]:
     from support.corpus import UNSATISFIABLE_BFCL_TOOL, sample_tool_sets
     from support.offline import offline_llm
@@ -60,13 +66,13 @@ def measure(
     from vllm.tool_parsers.tool_strict_level import ToolStrictLevel
 
     from hermes_vllm import sampling_options, settings
+    from hermes_vllm.demo import trained_model
     from hermes_vllm.demo.bfcl import as_openai_tool
     from hermes_vllm.testing import tiny_model_path
 
     spec = {**NGRAM, "num_speculative_tokens": drafts}
-    llm = offline_llm(
-        tiny_model_path("mistral-v1"), speculative_config=spec, disable_log_stats=False, max_num_seqs=64
-    )
+    path = trained_model.trained_model_path() if model == "trained" else tiny_model_path("mistral-v1")
+    llm = offline_llm(path, speculative_config=spec, disable_log_stats=False, max_num_seqs=64)
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
     steps = [0]
     schedule = scheduler.schedule
@@ -79,11 +85,26 @@ def measure(
 
     scheduler.schedule = counted
     tokenizer = llm.get_tokenizer()
-    sets = [
-        [as_openai_tool(f) for f in functions]
-        for functions in sample_tool_sets(2 * max(concurrency), seed=3)
-        if not any(f["name"] == UNSATISFIABLE_BFCL_TOOL for f in functions)
-    ]
+    if model == "trained":
+        items = trained_model.held_out_items()
+        sets = [item.tools for item in items]
+        questions = [item.messages for item in items]
+    else:
+        sets = [
+            [as_openai_tool(f) for f in functions]
+            for functions in sample_tool_sets(2 * max(concurrency), seed=3)
+            if not any(f["name"] == UNSATISFIABLE_BFCL_TOOL for f in functions)
+        ]
+        questions = []
+
+    def prompt(i: int) -> str:
+        if not questions:
+            return _prompt(sets[i])
+        text = tokenizer.apply_chat_template(
+            questions[i], tools=sets[i], add_generation_prompt=True, tokenize=False
+        )
+        assert isinstance(text, str)
+        return text
 
     def params(kind: str, tools: list[dict[str, Any]], choice: Any) -> SamplingParams:
         common: dict[str, Any] = {"temperature": 0.0, "max_tokens": max_tokens}
@@ -110,7 +131,7 @@ def measure(
                 else {"type": "function", "function": {"name": t[0]["function"]["name"]}}
                 for t in batch
             ]
-            prompts = [_prompt(t) for t in batch]
+            prompts = [prompt(i) for i in range(len(batch))]
             for kind in ("hermes_vllm", *KINDS):  # the first run warms up (compiles)
                 os.environ["HERMES_VLLM_GRAMMAR_DRAFTS"] = "0" if kind.endswith("no_grammar_drafts") else "1"
                 settings.get_limits.cache_clear()
@@ -189,21 +210,24 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--drafts", type=int, default=3, help="num_speculative_tokens")
     parser.add_argument("--whitespace", type=int, default=None, help="HERMES_VLLM_MAX_CALL_WHITESPACE")
+    parser.add_argument("--model", choices=("random", "trained"), default="random")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
     if args.whitespace is not None:
         os.environ["HERMES_VLLM_MAX_CALL_WHITESPACE"] = str(args.whitespace)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"grammar-drafts-ws{1 if args.whitespace is None else args.whitespace}"
+    stem += "-trained" if args.model == "trained" else ""
 
     def save(report: dict[str, Any]) -> None:
         """Written after each group of runs: a long run cut short keeps what it measured."""
         report["whitespace"] = "default (1)" if args.whitespace is None else args.whitespace
+        report["model"] = args.model
         report["command"] = "python benchmarks/grammar_drafts.py " + " ".join(sys.argv[1:])
         (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         plot(report, args.out / f"{stem}.png")
 
-    save(measure(tuple(args.concurrency), args.max_tokens, args.drafts, save))
+    save(measure(tuple(args.concurrency), args.max_tokens, args.drafts, args.model, save))
 
 
 if __name__ == "__main__":

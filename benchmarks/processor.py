@@ -12,6 +12,9 @@ concurrent tool-call requests (default 16), the servers taking turns: our proces
 ``hermes`` parser, no constraint), on (``hermes_vllm``), and vLLM's own structural-tag constraint
 (``--tool-call-parser hermes --tool-strict-level parameter``), each figure a ratio to "off".
 
+``--e2e-choice required``: the same with ``tool_choice="required"`` (no bias); with ``--trained``,
+the demo's trained model asked held-out BFCL questions with their own tools.
+
 ``--required-offline``: the offline engine, ``--concurrency`` (16) ``required`` requests of 128
 tokens, ours against vLLM's structural tag and against no constraint at all, ``--passes`` passes
 in rotating order; with the time each pass spent in the sampler and in each constraint.
@@ -143,9 +146,20 @@ def e2e_servers(tokenizer_name: str) -> dict[str, tuple[str, ...]]:
 
 
 def end_to_end(
-    tokenizer_name: str, concurrency: int, rounds: int, max_tokens: int, passes: int
+    tokenizer_name: str,
+    concurrency: int,
+    rounds: int,
+    max_tokens: int,
+    passes: int,
+    choice: str = "auto",
+    trained: bool = False,
 ) -> list[dict[str, Any]]:
     """Output tokens/s of ``concurrency`` simultaneous tool requests, per server configuration.
+
+    ``choice`` is every request's ``tool_choice``; under ``auto`` the random model is biased
+    toward the call (else it rarely opens one), under ``required`` nothing is (both constraints
+    force the call). ``trained``: the demo's trained model, asked the held-out BFCL questions
+    with their own tools (a tool set a request, so grammars are compiled as they come), no bias.
 
     The three servers stay up together (idle ones cost nothing) and take turns: ``passes`` bursts
     each, in rotating order, so the shared machine's drift hits every configuration alike. Each
@@ -161,28 +175,39 @@ def end_to_end(
     from support.readings import server_usage
     from transformers import AutoTokenizer
 
-    from hermes_vllm.demo import TOOLS
+    from hermes_vllm.demo import TOOLS, trained_model
     from hermes_vllm.demo.bias import call_bias
     from hermes_vllm.demo.server import CPU_ARGS, CPU_ENV, openai_server
     from hermes_vllm.testing import tiny_model_path
 
-    model = str(tiny_model_path(tokenizer_name))  # type: ignore[arg-type]
-    bias = {str(k): v for k, v in call_bias(AutoTokenizer.from_pretrained(model)).items()}
+    if trained:
+        model = str(trained_model.trained_model_path())
+        asked: list[tuple[Any, Any]] = [(i.messages, i.tools) for i in trained_model.held_out_items()]
+        extra: dict[str, Any] = {}
+    else:
+        model = str(tiny_model_path(tokenizer_name))  # type: ignore[arg-type]
+        asked = [([{"role": "user", "content": "Weather in Paris?"}], [TOOLS[0]])]  # get_weather
+        bias = {str(k): v for k, v in call_bias(AutoTokenizer.from_pretrained(model)).items()}
+        extra = {"ignore_eos": True, **({"logit_bias": bias} if choice == "auto" else {})}
+
+    tool_choice: Any = choice
 
     async def burst(url: str, requests: int, seed0: int) -> tuple[int, float, float]:
         client = AsyncOpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600)
         slots = asyncio.Semaphore(concurrency)
 
         async def one(seed: int) -> int:
+            messages, tools = asked[seed % len(asked)]
             async with slots:
                 reply = await client.chat.completions.create(
                     model=model,
-                    messages=[{"role": "user", "content": "Weather in Paris?"}],
-                    tools=[TOOLS[0]],  # type: ignore[list-item]  # get_weather
+                    messages=messages,
+                    tools=tools,
+                    tool_choice=tool_choice,
                     max_tokens=max_tokens,
-                    temperature=1.0,
+                    temperature=0.0 if trained else 1.0,
                     seed=seed,
-                    extra_body={"logit_bias": bias, "ignore_eos": True},
+                    extra_body=extra,
                 )
             return reply.usage.completion_tokens if reply.usage else 0
 
@@ -191,7 +216,7 @@ def end_to_end(
         wall = time.perf_counter() - start
         return sum(counts), wall, server_usage(url).cpu_seconds - cpu
 
-    servers = e2e_servers(tokenizer_name)
+    servers = e2e_servers("qwen3" if trained else tokenizer_name)
     names = list(servers)
     samples: dict[str, list[tuple[int, float, float]]] = {name: [] for name in names}
     with ExitStack() as stack:
@@ -465,12 +490,16 @@ def main() -> None:
         "--offline-max-tokens", type=int, default=128, help="max_tokens of --required-offline's requests"
     )
     parser.add_argument("--passes", type=int, default=6, help="bursts per server in --e2e")
+    parser.add_argument(
+        "--e2e-choice", choices=("auto", "required"), default="auto", help="tool_choice of --e2e's requests"
+    )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
     results = measure(args.tokenizer, args.batch, args.share, args.steps)
     args.out.mkdir(parents=True, exist_ok=True)
     # Not Path.with_suffix: "llama3.1" holds a dot.
     stem = f"processor-{args.tokenizer}" + ("-trained" if args.trained else "")
+    stem += "-e2e-required" if args.e2e and args.e2e_choice == "required" else ""
     report: dict[str, Any] = {"per_step": results}
     if args.first_token:
         report["first_token"] = first_token(args.tokenizer, 15)
@@ -481,8 +510,15 @@ def main() -> None:
         print(json.dumps(report["required_offline"]), flush=True)
     if args.e2e:
         report["end_to_end"] = end_to_end(
-            args.tokenizer, args.concurrency, args.rounds, args.max_tokens, args.passes
+            args.tokenizer,
+            args.concurrency,
+            args.rounds,
+            args.max_tokens,
+            args.passes,
+            args.e2e_choice,
+            args.trained,
         )
+        report["end_to_end_choice"] = args.e2e_choice
     (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     plot(results, args.out / f"{stem}.png")
 
