@@ -59,3 +59,36 @@ def test_a_file_that_differs_from_its_pin_is_refused(monkeypatch: pytest.MonkeyP
     with pytest.raises(ArtifactError, match="does not match the pinned"):
         fetch(wrong)
     assert not (tmp_path / "files" / BFCL_WHEEL.filename).exists()
+
+
+def _slow_build(folder: Path) -> None:
+    """A build that takes a while and leaves a trace of each run beside the cache."""
+    import time
+
+    with open(folder.parent.parent / "builds.log", "a", encoding="utf-8") as log:
+        log.write("built\n")
+    time.sleep(1.0)
+    (folder / "weights").write_text("w", encoding="utf-8")
+
+
+def _build_in(cache: str) -> str:
+    import os
+
+    from hermes_vllm.testing.artifacts import unpacked
+
+    os.environ[ARTIFACT_CACHE_ENV] = cache
+    return str(unpacked("model", _slow_build))
+
+
+def test_concurrent_builders_of_one_artifact_build_it_once(tmp_path: Path) -> None:
+    """`make demo`'s training and a test worker asking for the same model at once: the second
+    waits for the first's build and gets it, instead of training it again beside it."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    cache = tmp_path / "cache"
+    with ProcessPoolExecutor(3, mp_context=get_context("spawn")) as pool:
+        paths = set(pool.map(_build_in, [str(cache)] * 3))
+    assert paths == {str(cache / "model")}
+    assert (cache / "model" / "weights").read_text(encoding="utf-8") == "w"
+    assert (tmp_path / "builds.log").read_text(encoding="utf-8").count("built") == 1

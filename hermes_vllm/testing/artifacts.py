@@ -10,6 +10,7 @@ pinned digest, kept in :func:`artifact_cache` and read as an archive.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
@@ -96,12 +97,22 @@ def unpacked(name: str, build: Callable[[Path], None]) -> Path:
     """``artifact_cache()/name``, made by ``build(folder)`` on first use and published whole.
 
     ``build`` fills a staging folder beside the target, which is renamed into place only when
-    complete, so a process that was stopped half-way or runs concurrently never sees a partial one.
+    complete, so a process that was stopped half-way never leaves a partial one. Builders of the same
+    name take turns (a lock file beside it): a second process (a test worker beside `make demo`'s
+    training, say) waits for the first's build instead of repeating minutes of it.
     """
     out = artifact_cache() / name
     if (out / ".complete").is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{name}.lock", "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+        if (out / ".complete").is_file():
+            return out
+        return _build(out, build)
+
+
+def _build(out: Path, build: Callable[[Path], None]) -> Path:
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         staging = Path(tmp)
         build(staging)
