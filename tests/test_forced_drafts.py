@@ -11,6 +11,7 @@ would not write), and the row's masks must allow them. Then vLLM's own scheduler
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from collections.abc import Iterator
@@ -192,33 +193,15 @@ def test_the_releases_scheduler_takes_the_forced_run_as_the_drafts(tokenizer: An
         assert token_allowed(bitmask[position], draft), position
 
 
-MODE = {
-    "type": "function",
-    "function": {
-        "name": "set_mode",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "mode": {"enum": ["economy", "performance"]},
-                "notify": {"type": "boolean"},
-                "zone": {"enum": ["kitchen", "living_room", "bedroom"]},
-            },
-            "required": ["mode", "notify", "zone"],
-            "additionalProperties": False,
-        },
-    },
-}
-"""A tool whose call is nearly all forced (its names, keys, brackets and tags), with nothing free
-that never ends: under any constraint, a random model closes its call."""
-
-
 @pytest.mark.engine
-def test_forced_runs_as_drafts_take_fewer_engine_steps_per_call_than_vllms_tag(tiny_model: Path) -> None:
-    """One engine with ngram drafts, the same greedy named-tool requests: constrained by ours
-    (grammar drafts on, then off) and by vLLM's structural tag (its ``hermes`` parser's strict
-    tag), each request stopped at its call's end tag. Every request gets its call under each; ours
-    with grammar drafts takes fewer engine steps for them than the tag with the same drafter (and
-    than ours without grammar drafts), and its text is the text without grammar drafts."""
+def test_forced_runs_as_drafts_take_fewer_engine_steps_per_call_than_vllms_tag() -> None:
+    """The demo's trained model (a model that writes its calls: under vLLM's tag a random model
+    writes whitespace or a string that never ends), one engine with ngram drafts, the same greedy
+    named-tool requests over held-out BFCL questions, each stopped at its call's end tag:
+    constrained by ours (grammar drafts on, then off) and by vLLM's structural tag (its ``hermes``
+    parser's strict tag). Ours with grammar drafts takes fewer engine steps per completed call (the
+    steps that ran the model for a request, summed over the requests) than the tag with the same
+    drafter and than ours without grammar drafts, and writes the same text as without them."""
     import json
 
     from support.offline import offline_llm
@@ -229,61 +212,75 @@ def test_forced_runs_as_drafts_take_fewer_engine_steps_per_call_than_vllms_tag(t
     from vllm.tool_parsers.tool_strict_level import ToolStrictLevel
 
     from hermes_vllm import sampling_options
+    from hermes_vllm.demo.trained_model import held_out_items, trained_model_path
     from hermes_vllm.spans import split_spans
 
-    named = {"type": "function", "function": {"name": "set_mode"}}
-    llm = offline_llm(tiny_model, speculative_config=NGRAM, max_num_seqs=8)
+    llm = offline_llm(trained_model_path(), speculative_config=NGRAM, max_num_seqs=8)
+    tokenizer = llm.get_tokenizer()
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
     steps = [0]
     schedule = scheduler.schedule
 
     def counted(*args: Any, **kwargs: Any) -> Any:
+        """Each request's engine steps: the steps that ran the model for it."""
         out = schedule(*args, **kwargs)
-        steps[0] += out.total_num_scheduled_tokens > 0
+        steps[0] += sum(1 for n in out.num_scheduled_tokens.values() if n > 0)
         return out
 
     scheduler.schedule = counted
-    chat = ChatCompletionRequest(
-        model="m", messages=[{"role": "user", "content": "hi"}], tools=[MODE], tool_choice=named
-    )
-    tag = get_model_structural_tag(
-        "hermes", chat.tools, chat.tool_choice, False, strict_level=ToolStrictLevel.PARAMETER
-    )
-    assert tag is not None
-    common: dict[str, Any] = {
-        "temperature": 0.0,
-        "max_tokens": 96,
-        "stop": ["</tool_call>"],
-        "include_stop_str_in_output": True,
-    }
-    kinds = {
-        "ours": SamplingParams(**common, **sampling_options(llm.get_tokenizer(), [MODE], named)),
-        "tag": SamplingParams(
-            **common,
-            structured_outputs=StructuredOutputsParams(structural_tag=json.dumps(tag.model_dump())),
-            skip_special_tokens=False,
-        ),
-    }
+    items = [i for i in held_out_items() if len(i.target) == 1][:8]
     prompts = [
-        f"<|im_start|>system\nTools: {json.dumps(MODE['function'])}<|im_end|>\n<|im_start|>user\n"
-        f"Request {i}: set the mode.<|im_end|>\n<|im_start|>assistant\n"
-        for i in range(8)
+        tokenizer.apply_chat_template(i.messages, tools=i.tools, add_generation_prompt=True, tokenize=False)
+        for i in items
     ]
+    common: dict[str, Any] = {"temperature": 0.0, "max_tokens": 160, "stop": ["</tool_call>"]}
+
+    def params(kind: str, item: Any) -> SamplingParams:
+        named = {"type": "function", "function": {"name": item.target[0].name}}
+        if kind == "ours":
+            return SamplingParams(**common, **sampling_options(tokenizer, item.tools, named))
+        chat = ChatCompletionRequest(model="m", messages=item.messages, tools=item.tools, tool_choice=named)
+        tag = get_model_structural_tag(
+            "hermes", chat.tools, chat.tool_choice, False, ToolStrictLevel.PARAMETER
+        )
+        assert tag is not None
+        outputs = StructuredOutputsParams(structural_tag=json.dumps(tag.model_dump()))
+        return SamplingParams(**common, structured_outputs=outputs, skip_special_tokens=False)
+
     runs: dict[str, tuple[int, list[str]]] = {}
     try:
         for name, drafts in (("warm-up", "1"), ("ours", "1"), ("ours, no grammar drafts", "0"), ("tag", "1")):
             os.environ["HERMES_VLLM_GRAMMAR_DRAFTS"] = drafts
             settings.get_limits.cache_clear()
             steps[0] = 0
-            outputs = llm.generate(prompts, kinds["tag" if name == "tag" else "ours"], use_tqdm=False)
-            runs[name] = (steps[0], [o.outputs[0].text for o in outputs])
+            todo = [params("tag" if name == "tag" else "ours", i) for i in items]
+            outputs = llm.generate(prompts, todo, use_tqdm=False)
+            ended = [
+                o.outputs[0].text + ("</tool_call>" if o.outputs[0].stop_reason else "") for o in outputs
+            ]
+            runs[name] = (steps[0], ended)
     finally:
         os.environ.pop("HERMES_VLLM_GRAMMAR_DRAFTS", None)
         settings.get_limits.cache_clear()
-    for name, (_, texts) in runs.items():
-        for text in texts:
-            closed = [s for s in split_spans(text, "hermes") if s.kind == "call" and s.closed]
-            assert len(closed) == 1 and json.loads(closed[0].body)["name"] == "set_mode", (name, text)
-    counts = {name: count for name, (count, _) in runs.items()}
-    assert counts["ours"] < counts["tag"] and counts["ours"] < counts["ours, no grammar drafts"], counts
+
+    def calls(name: str) -> int:
+        """The replies that hold their named call, closed."""
+        found = 0
+        for item, text in zip(items, runs[name][1], strict=True):
+            spans = [s for s in split_spans(text, "hermes") if s.kind == "call" and s.closed]
+            found += any(_named(s.body) == item.target[0].name for s in spans)
+        return found
+
+    assert calls("ours") == len(items), runs["ours"][1]
+    ratios = {name: runs[name][0] / calls(name) if calls(name) else float("inf") for name in runs}
+    assert ratios["ours"] < ratios["tag"] and ratios["ours"] < ratios["ours, no grammar drafts"], ratios
     assert runs["ours"][1] == runs["ours, no grammar drafts"][1]
+
+
+def _named(body: str) -> object:
+    """The name a call's body gives, or None where it is no JSON object."""
+    try:
+        call = json.loads(body)
+    except ValueError:
+        return None
+    return call.get("name") if isinstance(call, dict) else None
