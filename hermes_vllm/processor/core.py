@@ -695,6 +695,44 @@ class ConstraintCore:
             engine.ended = matcher.is_terminated()
         return True
 
+    def start_engine(self, state: RowState) -> None:
+        """Build an engine-only row's matcher now, its grammar compiled (its first fill would:
+        :meth:`decide`): a hosted row does it on vLLM's compile thread, not the scheduler's."""
+        if not state.gate.on and state.engine.matcher is None and state.engine.failed is None:
+            self._feed_engine(state, ())
+
+    def engine_alone_until(self, state: RowState) -> tuple[int, np.ndarray | None]:
+        """The count of consumed tokens before which, as long as the row only lengthens its call
+        (:meth:`_lengthen_call`'s tokens), each position's fill is the engine's mask alone and moves
+        nothing but the budget's count of planned positions (:meth:`decide`: ``Fill.ENGINE``, the
+        budget's plan ``NOTHING``), 0 where that does not hold now; and, for a gated row, which
+        tokens its gate watches (those take the full reading).
+
+        Inside a call, nothing forced, at a character boundary, no stop string or tag watched in
+        the recent text: the budget plans nothing until the call nears its alert window
+        (:meth:`TurnBudget.plan`), and a lengthening token changes none of these conditions. A
+        hosted row (speculative decoding) skips :meth:`decide` and the row's marks up to there."""
+        engine, gate, budget = state.engine, state.gate, state.budget
+        none = 0, None
+        if engine.matcher is None or engine.paused is not None or engine.failed is not None:
+            return none
+        if engine.ended or gate.quiet or (budget is None and not gate.on):
+            return none
+        follower = gate.follower
+        tail = follower.tail
+        if tail.open is None or tail.open.kind != "call" or tail.end_begun or follower.reach:
+            return none
+        if gate.on and (not gate.watch or (budget is not None and gate.quiet_until != budget.watch_from)):
+            return none
+        watched = self._watch_array(gate.watch) if gate.on else None
+        if budget is None:
+            return UNWATCHED, watched
+        progress = budget.progress
+        if progress.forcing or progress.utf8:
+            return none
+        until = budget.max_tokens - max(budget.reserve, budget.alert) if budget.close else UNWATCHED
+        return until, watched
+
     @staticmethod
     def _follow(state: RowState, piece: str) -> None:
         """Feed one token's bytes to the row's text follower: through its budget, which counts
