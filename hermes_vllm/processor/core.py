@@ -652,7 +652,7 @@ class ConstraintCore:
         False, with nothing done, where the token needs :meth:`advance`'s full reading.
 
         Inside a call, with nothing forced, at a character boundary, and no stop string or tag
-        watched in the recent text, an ASCII token without the closing tag's first byte changes
+        watched in the recent text, a token of whole characters without the closing tag's first byte changes
         only the call's text, the engine's matcher and the tokens held for it: the budget counts
         no span token, the follower reads no tail, the gate keeps its watch. Taking that path
         here skips the follower's, the budget's and the gate's general readings of every token
@@ -678,7 +678,7 @@ class ConstraintCore:
             return False
         piece = latin1[token]
         assert span.tags is not None
-        if span.tags.end[0] in piece or not piece.isascii():
+        if span.tags.end[0] in piece or (not piece.isascii() and utf8_need(0, piece)):
             return False
         if gate.on and (not gate.watch or self._watch_array(gate.watch)[token]):
             return False

@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -44,6 +44,7 @@ from vllm.v1.structured_output.backend_types import StructuredOutputGrammar
 
 from hermes_vllm.budget.turn_budget import Progress
 from hermes_vllm.grammar import GrammarCompileError
+from hermes_vllm.grammar.compiler import utf8_need
 from hermes_vllm.metrics import record_step
 from hermes_vllm.processor.core import ConstraintCore, Fill, RowMark, RowState
 from hermes_vllm.processor.forced_drafts import ForcedDrafts
@@ -178,7 +179,10 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         be read again (:meth:`_refresh`), since the row moved otherwise."""
         self._matcher: ToolCallMatcher | None = None
         self._engine: EngineMatcher | None = None
-        """The row's engine matcher, fed and filled directly on the light path."""
+        """The row's engine matcher, fed and filled directly on the light path (:attr:`_feed`,
+        :attr:`_fill`: :meth:`EngineMatcher.direct`)."""
+        self._feed: Callable[[int], bool] = _unread
+        self._fill: Callable[[torch.Tensor, int], bool] = _unread
         self._end = ""
         """The first character of the open call's closing tag: a token holding it is read whole."""
         self._watched: np.ndarray | None = None
@@ -209,6 +213,8 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         until, watched = self._host.core.engine_alone_until(state) if engine is not None else (0, None)
         self._until, self._matcher, self._engine, self._watched = until, matcher, engine, watched
         if until:
+            assert engine is not None
+            self._feed, self._fill = engine.direct()
             span = state.gate.follower.tail.open
             assert span is not None and span.tags is not None
             self._end = span.tags.end[0]
@@ -282,14 +288,14 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         if not 0 <= token < len(latin1) or token in state.stop_ids:
             return None
         piece = latin1[token]
-        if self._end in piece or not piece.isascii():
+        if self._end in piece or (not piece.isascii() and utf8_need(0, piece)):
             return None
         watched = self._watched
         if watched is not None and watched[token]:
             return None
-        assert self._engine is not None and self._matcher is not None
-        if not self._engine.accept_token(token):
+        if not self._feed(token):
             return False
+        assert self._matcher is not None
         self._matcher.accepted += 1
         self._trail.append((None, token, False, self._progress))
         state.consumed += 1
@@ -433,8 +439,7 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         alone = state.consumed < self._until and bitmask is host.checked
         if alone:  # the light path: the engine's mask alone (the module docstring)
             host.filled.add(id(state))
-            assert self._engine is not None
-            if not self._engine.fill_bitmask(bitmask, batch_index):
+            if not self._fill(bitmask, batch_index):
                 bitmask[batch_index].fill_(-1)
             return
         with host.lock:
@@ -471,6 +476,12 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
             self._until = -1
             self._state.back_to(self._initial)
             self._terminated = False
+
+
+def _unread(*_: object) -> bool:
+    """A row's direct engine calls before its light path was read (:meth:`HostedGrammar._refresh`:
+    only then are they taken)."""
+    raise AssertionError("hermes-vllm: a hosted row's light path was taken before it was read")
 
 
 class _Walk:
