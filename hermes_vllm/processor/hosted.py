@@ -10,15 +10,26 @@ that interface puts every draft position under the constraint sampled tokens get
 runner, with our engines, our cache and our budgets.
 
 *Rollback.* Engines cannot copy a matcher, but they can roll one back; the rest of a row is a
-few fields. Before each accepted token the row is marked (:meth:`RowState.mark`: its fields read
-into a tuple, its matcher's count of accepted tokens); going back to a mark rolls the matcher
-back by the difference. Only the last ``num_speculative_tokens + 1`` marks are kept.
+few fields. Before each accepted token off the light path (below) the row is marked
+(:meth:`RowState.mark`: its fields read into a tuple, its matcher's count of accepted tokens);
+going back to a mark rolls the matcher back by the difference. Only the last
+``num_speculative_tokens + 1`` tokens are kept.
 
 *Lazily.* A rollback only counts the tokens it undoes: the row stays where the draft path left
 it. The scheduler then accepts the kept tokens, the kept drafts first: each is taken again from
 the path (its row was computed there, after its position's fill) by moving back over it, no
 engine work and no copy. Only where the tokens leave the path (the first draft the target
 refused) is the row put back to the mark before it, and the matcher rolled back, once.
+
+*Light path.* Inside a call, up to where the budget may next speak, with nothing forced and no
+stop string watched (:meth:`ConstraintCore.engine_alone_until`), a fill is the engine's mask alone
+and moves nothing in the row, and a token that only lengthens the call changes only its text, the
+consumed count, the matcher and a gated row's pending tokens. There the row is filled straight
+from its engine's matcher and a token costs the engine's accept and a few counts: no mark (going
+back over it counts back; the budget's progress, unchanged along the path, is put back to the copy
+taken where the path was entered), no settling, no lock (the row is touched from the scheduler's
+thread only, and the path reads nothing of the core but its fixed tables), its text handed to the
+follower when the row next leaves the path.
 
 *Exactness.* Without drafts every token is preceded by a mask fill at its position, and a fill
 moves the budget (it may begin forcing a text, or count a closed call). The kept drafts' rows
@@ -388,7 +399,11 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         state = self._state
         matcher, engine = state.engine.matcher, state.engine
         if matcher is not None and not state.gate.on and engine.paused is None and engine.failed is None:
-            return tokens[: self._valid_on_matcher(matcher.alone or matcher, tokens)]
+            alone = matcher.alone
+            if alone is None:
+                return tokens[: self._valid_on_matcher(matcher.accept_token, matcher.rollback, tokens)]
+            feed = self._feed if alone is self._engine else alone.direct()[0]
+            return tokens[: self._valid_on_matcher(feed, alone.rollback, tokens)]
         with host.lock:
             self._sync()
             start, terminated = state.mark(), self._terminated
@@ -401,8 +416,11 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
             self._terminated = terminated
         return tokens[:valid]
 
-    def _valid_on_matcher(self, matcher: EngineMatcher | ToolCallMatcher, tokens: list[int]) -> int:
-        """How many of ``tokens`` the matcher takes, asked of the matcher alone, then rolled back.
+    def _valid_on_matcher(
+        self, accept: Callable[[int], bool], rollback: Callable[[int], None], tokens: list[int]
+    ) -> int:
+        """How many of ``tokens`` the matcher takes, asked of the matcher alone (its ``accept``),
+        then rolled back.
 
         For a row whose engine runs everywhere (not gated), running and not paused, this is what
         feeding the whole row answers: the core feeds such a row's matcher every token and nothing
@@ -412,12 +430,12 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         terminated = self._terminated
         valid = 0
         for token in tokens:
-            if terminated or not matcher.accept_token(token):
+            if terminated or not accept(token):
                 break
             valid += 1
             terminated = token in stops
         if valid:
-            matcher.rollback(valid)
+            rollback(valid)
         return valid
 
     def rollback(self, num_tokens: int) -> None:
