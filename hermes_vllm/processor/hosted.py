@@ -222,10 +222,10 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         matcher = state.engine.matcher
         engine = None if matcher is None else matcher.alone
         until, watched = self._host.core.engine_alone_until(state) if engine is not None else (0, None)
+        if engine is not self._engine:
+            self._feed, self._fill = (_unread, _unread) if engine is None else engine.direct()
         self._until, self._matcher, self._engine, self._watched = until, matcher, engine, watched
         if until:
-            assert engine is not None
-            self._feed, self._fill = engine.direct()
             span = state.gate.follower.tail.open
             assert span is not None and span.tags is not None
             self._end = span.tags.end[0]
