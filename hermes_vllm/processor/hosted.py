@@ -264,7 +264,7 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
             assert mark is not None
             state.back_to(mark)  # taken after a sync: the light tokens after it are undone too
             self._lag.clear()
-            self._until = -1
+        self._until = -1  # read again: it may have been read after a fill that moved the budget
         light = full - start
         if light:
             tokens = [step[1] for step in trail[start:full]]
