@@ -273,6 +273,18 @@ def test_a_bitmask_of_another_width_is_refused_not_filled_elsewhere(tokenizer: A
         row.fill_bitmask(torch.zeros((2, (width + 31) // 32 + 1), dtype=torch.int32), 1)
 
 
+def test_a_hosted_rows_matcher_is_built_on_the_compile_thread(tokenizer: Any) -> None:
+    """vLLM builds a request's grammar on its compile thread (``RowHost.grammar``); an engine-only
+    row's matcher is built there too, not by its first fill on the scheduler's thread."""
+    from vllm import SamplingParams
+
+    from hermes_vllm.processor.hosted import RowHost
+
+    host = RowHost(ConstraintCore(lambda: tokenizer, len(tokenizer), engine="auto"), window=4)
+    row = host.grammar(SamplingParams(max_tokens=40, extra_args=constraint_args([TOOL], "required")))
+    assert row.state.engine.matcher is not None
+
+
 def test_a_long_call_is_marked_only_where_its_row_is_read_whole(
     tokenizer: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
