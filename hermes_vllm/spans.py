@@ -7,6 +7,7 @@ a closing tag inside a JSON string does not end the call. Used by the formatter 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -55,7 +56,14 @@ class _Depth:
             return None  # inside a string to its end: most of a call's pieces, read at C speed
         i += self.skip
         n = len(text)
+        search = _SPECIAL[quotes].search
         while i < n:
+            # Jump to the next character that matters (a regex reads the rest at C speed).
+            found = search(text, i)
+            if found is None:
+                i = n
+                break
+            i = found.start()
             ch = text[i]
             if quote:
                 if ch == "\\":
@@ -74,6 +82,10 @@ class _Depth:
             i += 1
         self.depth, self.quote, self.skip = depth, quote, i - n
         return None
+
+
+_SPECIAL = {quotes: re.compile(f"[{re.escape(quotes)}\\\\{{}}\\[\\]]") for quotes in ('"', "\"'")}
+"""The characters :meth:`_Depth.feed` acts on (a quote, a backslash, a bracket), by its quotes."""
 
 
 def payload_end(text: str, pos: int) -> int | None:
@@ -152,11 +164,17 @@ def partial_tag_suffix(text: str, tags: tuple[str, ...]) -> int:
     Streaming parsers hold back that many characters: they may yet become a tag.
     """
     best = 0
+    n = len(text)
     for tag in tags:
-        for k in range(min(len(tag) - 1, len(text)), best, -1):
-            if text.endswith(tag[:k]):
-                best = k
+        if len(tag) < 2:
+            continue
+        # Suffixes from the longest down, each starting at an occurrence of the tag's first character.
+        at = text.find(tag[0], max(n - len(tag) + 1, 0), n - best)
+        while at != -1:
+            if tag.startswith(text[at:]):
+                best = n - at
                 break
+            at = text.find(tag[0], at + 1, n - best)
     return best
 
 

@@ -273,6 +273,84 @@ def test_a_bitmask_of_another_width_is_refused_not_filled_elsewhere(tokenizer: A
         row.fill_bitmask(torch.zeros((2, (width + 31) // 32 + 1), dtype=torch.int32), 1)
 
 
+def test_a_hosted_rows_matcher_is_built_on_the_compile_thread(tokenizer: Any) -> None:
+    """vLLM builds a request's grammar on its compile thread (``RowHost.grammar``); an engine-only
+    row's matcher is built there too, not by its first fill on the scheduler's thread."""
+    from vllm import SamplingParams
+
+    from hermes_vllm.processor.hosted import RowHost
+
+    host = RowHost(ConstraintCore(lambda: tokenizer, len(tokenizer), engine="auto"), window=4)
+    row = host.grammar(SamplingParams(max_tokens=40, extra_args=constraint_args([TOOL], "required")))
+    assert row.state.engine.matcher is not None
+
+
+def test_a_long_call_is_marked_only_where_its_row_is_read_whole(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inside a call, a token that only lengthens it (here a long string, ASCII and not) is taken
+    on the hosted row's light path: no mark, no settling, however long the call; the row is marked
+    only at tokens read whole (the tags, the stop). Through vLLM's draft protocol, wrong drafts
+    included, every kept position's mask is still the core's own (the batch processors' path:
+    :meth:`ConstraintCore.advance` and :meth:`ConstraintCore.fill`, token by token)."""
+    from vllm import SamplingParams
+
+    from hermes_vllm.processor.core import RowState
+    from hermes_vllm.processor.hosted import RowHost
+
+    width = len(tokenizer)
+    core = ConstraintCore(lambda: tokenizer, width, engine="auto")
+    host = RowHost(core, window=4)
+    params = SamplingParams(max_tokens=400, extra_args=constraint_args([TOOL], "required"))
+    city = "Saint-Rémy " * 30
+    text = f'<tool_call>\n{{"name": "get_weather", "arguments": {{"city": "{city}"}}}}\n</tool_call>'
+    tokens = [*tokenizer.encode(text, add_special_tokens=False), tokenizer.eos_token_id]
+    reference = core.admit_params(params)
+    assert reference is not None
+    masks = []
+    for token in tokens:
+        bitmask = torch.zeros((1, (width + 31) // 32), dtype=torch.int32)
+        masked, _ = core.fill([(0, reference)], width, bitmask=bitmask)
+        if not masked:
+            bitmask[0].fill_(-1)
+        masks.append(bitmask[0].clone())
+        core.advance(reference, [token])
+    assert reference.failed is None and reference.engine.ended
+
+    row = host.grammar(params)
+    marks = 0
+    mark = RowState.mark
+
+    def counted(state: RowState) -> Any:
+        nonlocal marks
+        marks += 1
+        return mark(state)
+
+    monkeypatch.setattr(RowState, "mark", counted)
+    rng = random.Random(2)
+    bitmask = torch.zeros((5, (width + 31) // 32), dtype=torch.int32)
+    i = 0
+    while i < len(tokens):
+        drafts = tokens[i : i + rng.randint(0, 3)]
+        if drafts and rng.random() < 0.3:
+            drafts[rng.randrange(len(drafts))] = rng.randrange(width)  # a wrong draft
+        valid = row.validate_tokens(list(drafts))
+        for j, token in enumerate(valid):
+            row.fill_bitmask(bitmask, j)
+            assert row.accept_tokens("r", [token])
+        row.fill_bitmask(bitmask, len(valid))
+        row.rollback(len(valid))
+        kept = 0  # the drafts the target keeps, then its own token after them
+        while kept < len(valid) and i + kept < len(tokens) - 1 and valid[kept] == tokens[i + kept]:
+            kept += 1
+        for k in range(kept + 1):
+            assert torch.equal(bitmask[k], masks[i + k]), f"mask at {i + k}"
+        assert row.accept_tokens("r", tokens[i : i + kept + 1])
+        i += kept + 1
+    assert row.is_terminated()
+    assert len(tokens) > 150 and marks <= 12, marks
+
+
 def _release_manager(tiny_model: Path, width: int) -> Any:
     """The running release's ``StructuredOutputManager`` for a config with ngram drafts (its
     bitmask given directly: its backend is built by a grammar of vLLM's own, which none is)."""

@@ -248,6 +248,13 @@ class ToolCallMatcher:
     def engine_matcher(self) -> EngineMatcher:
         return self._inner
 
+    @property
+    def alone(self) -> EngineMatcher | None:
+        """The engine's matcher where nothing of this matcher's own acts on a token (no gate, no
+        ``uniqueItems`` guard): a caller on a hot path may feed, fill and roll it back directly,
+        counting :attr:`accepted` itself. ``None`` where this matcher must be asked."""
+        return self._inner if self._gate is None and self._unique is None else None
+
     def accepts_text(self, text: str) -> bool:
         """True iff ``text``'s tokenization is accepted token by token and the output may end there.
 

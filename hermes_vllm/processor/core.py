@@ -652,7 +652,7 @@ class ConstraintCore:
         False, with nothing done, where the token needs :meth:`advance`'s full reading.
 
         Inside a call, with nothing forced, at a character boundary, and no stop string or tag
-        watched in the recent text, an ASCII token without the closing tag's first byte changes
+        watched in the recent text, a token of whole characters without the closing tag's first byte changes
         only the call's text, the engine's matcher and the tokens held for it: the budget counts
         no span token, the follower reads no tail, the gate keeps its watch. Taking that path
         here skips the follower's, the budget's and the gate's general readings of every token
@@ -678,7 +678,7 @@ class ConstraintCore:
             return False
         piece = latin1[token]
         assert span.tags is not None
-        if span.tags.end[0] in piece or not piece.isascii():
+        if span.tags.end[0] in piece or (not piece.isascii() and utf8_need(0, piece)):
             return False
         if gate.on and (not gate.watch or self._watch_array(gate.watch)[token]):
             return False
@@ -694,6 +694,44 @@ class ConstraintCore:
         else:
             engine.ended = matcher.is_terminated()
         return True
+
+    def start_engine(self, state: RowState) -> None:
+        """Build an engine-only row's matcher now, its grammar compiled (its first fill would:
+        :meth:`decide`): a hosted row does it on vLLM's compile thread, not the scheduler's."""
+        if not state.gate.on and state.engine.matcher is None and state.engine.failed is None:
+            self._feed_engine(state, ())
+
+    def engine_alone_until(self, state: RowState) -> tuple[int, np.ndarray | None]:
+        """The count of consumed tokens before which, as long as the row only lengthens its call
+        (:meth:`_lengthen_call`'s tokens), each position's fill is the engine's mask alone and moves
+        nothing but the budget's count of planned positions (:meth:`decide`: ``Fill.ENGINE``, the
+        budget's plan ``NOTHING``), 0 where that does not hold now; and, for a gated row, which
+        tokens its gate watches (those take the full reading).
+
+        Inside a call, nothing forced, at a character boundary, no stop string or tag watched in
+        the recent text: the budget plans nothing until the call nears its alert window
+        (:meth:`TurnBudget.plan`), and a lengthening token changes none of these conditions. A
+        hosted row (speculative decoding) skips :meth:`decide` and the row's marks up to there."""
+        engine, gate, budget = state.engine, state.gate, state.budget
+        none = 0, None
+        if engine.matcher is None or engine.paused is not None or engine.failed is not None:
+            return none
+        if engine.ended or gate.quiet or (budget is None and not gate.on):
+            return none
+        follower = gate.follower
+        tail = follower.tail
+        if tail.open is None or tail.open.kind != "call" or tail.end_begun or follower.reach:
+            return none
+        if gate.on and (not gate.watch or (budget is not None and gate.quiet_until != budget.watch_from)):
+            return none
+        watched = self._watch_array(gate.watch) if gate.on else None
+        if budget is None:
+            return UNWATCHED, watched
+        progress = budget.progress
+        if progress.forcing or progress.utf8:
+            return none
+        until = budget.max_tokens - max(budget.reserve, budget.alert) if budget.close else UNWATCHED
+        return until, watched
 
     @staticmethod
     def _follow(state: RowState, piece: str) -> None:

@@ -10,15 +10,26 @@ that interface puts every draft position under the constraint sampled tokens get
 runner, with our engines, our cache and our budgets.
 
 *Rollback.* Engines cannot copy a matcher, but they can roll one back; the rest of a row is a
-few fields. Before each accepted token the row is marked (:meth:`RowState.mark`: its fields read
-into a tuple, its matcher's count of accepted tokens); going back to a mark rolls the matcher
-back by the difference. Only the last ``num_speculative_tokens + 1`` marks are kept.
+few fields. Before each accepted token off the light path (below) the row is marked
+(:meth:`RowState.mark`: its fields read into a tuple, its matcher's count of accepted tokens);
+going back to a mark rolls the matcher back by the difference. Only the last
+``num_speculative_tokens + 1`` tokens are kept.
 
 *Lazily.* A rollback only counts the tokens it undoes: the row stays where the draft path left
 it. The scheduler then accepts the kept tokens, the kept drafts first: each is taken again from
 the path (its row was computed there, after its position's fill) by moving back over it, no
 engine work and no copy. Only where the tokens leave the path (the first draft the target
 refused) is the row put back to the mark before it, and the matcher rolled back, once.
+
+*Light path.* Inside a call, up to where the budget may next speak, with nothing forced and no
+stop string watched (:meth:`ConstraintCore.engine_alone_until`), a fill is the engine's mask alone
+and moves nothing in the row, and a token that only lengthens the call changes only its text, the
+consumed count, the matcher and a gated row's pending tokens. There the row is filled straight
+from its engine's matcher and a token costs the engine's accept and a few counts: no mark (going
+back over it counts back; the budget's progress, unchanged along the path, is put back to the copy
+taken where the path was entered), no settling, no lock (the row is touched from the scheduler's
+thread only, and the path reads nothing of the core but its fixed tables), its text handed to the
+follower when the row next leaves the path.
 
 *Exactness.* Without drafts every token is preceded by a mask fill at its position, and a fill
 moves the budget (it may begin forcing a text, or count a closed call). The kept drafts' rows
@@ -34,7 +45,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -42,7 +53,9 @@ import numpy as np
 import torch
 from vllm.v1.structured_output.backend_types import StructuredOutputGrammar
 
+from hermes_vllm.budget.turn_budget import Progress
 from hermes_vllm.grammar import GrammarCompileError
+from hermes_vllm.grammar.compiler import utf8_need
 from hermes_vllm.metrics import record_step
 from hermes_vllm.processor.core import ConstraintCore, Fill, RowMark, RowState
 from hermes_vllm.processor.forced_drafts import ForcedDrafts
@@ -51,6 +64,10 @@ if TYPE_CHECKING:
     from vllm.sampling_params import SamplingParams
 
     from hermes_vllm.grammar.compiler import ToolCallMatcher
+    from hermes_vllm.grammar.engines.base import EngineMatcher
+
+Step = tuple[RowMark | None, int, bool, Progress | None]
+"""A hosted row's trail entry (:attr:`HostedGrammar._trail`)."""
 
 
 class RowHost:
@@ -64,9 +81,9 @@ class RowHost:
         self.core = core
         self.window = window
         self.lock = threading.Lock()
-        self._checked: torch.Tensor | None = None
-        """The last bitmask found alike the core's."""
-        self._filled: set[int] = set()
+        self.checked: torch.Tensor | None = None
+        """The last bitmask found alike the core's (a row on the light path fills only this one)."""
+        self.filled: set[int] = set()
         """The rows (by their state's id) filled in the step under way (:meth:`step`)."""
         core.log_refusals = False  # a refused draft's row is put back (HostedGrammar.accept_tokens)
 
@@ -75,13 +92,13 @@ class RowHost:
         """One engine step's masks (vLLM's ``grammar_bitmask``, on the scheduler's thread): its
         time and the hosted rows it filled go to the step metrics, once a step as the batch
         processors record theirs (:func:`~hermes_vllm.metrics.record_step`), where it filled any."""
-        self._filled.clear()
+        self.filled.clear()
         start = time.perf_counter()
         try:
             yield
         finally:
-            if self._filled:
-                record_step(len(self._filled), time.perf_counter() - start)
+            if self.filled:
+                record_step(len(self.filled), time.perf_counter() - start)
 
     def grammar(self, params: SamplingParams) -> HostedGrammar:
         """Admit a request and wait for its compile, as vLLM's backends do on their compile thread
@@ -95,6 +112,7 @@ class RowHost:
             self.core.compiler.result(state.prepared, state.future)
         except GrammarCompileError as err:
             raise ValueError(f"hermes-vllm cannot compile this request's tools: {err}") from None
+        self.core.start_engine(state)  # the row is not shared yet: no lock
         return HostedGrammar(self, state)
 
     def fill_into(self, state: RowState, bitmask: torch.Tensor, row: int) -> None:
@@ -105,15 +123,15 @@ class RowHost:
         the row cannot be filled in place (vLLM keeps one bitmask: it is checked once). One row,
         so :meth:`ConstraintCore.fill`'s batch is skipped: the row's decision, then its mask."""
         core = self.core
-        self._filled.add(id(state))
-        if bitmask is not self._checked:
+        self.filled.add(id(state))
+        if bitmask is not self.checked:
             own = core.bitmask
             if bitmask.shape[1] != own.shape[1] or bitmask.dtype != own.dtype:
                 raise ValueError(
                     f"vLLM's bitmask ({bitmask.shape[1]} {bitmask.dtype} words a row) is not the "
                     f"hermes-vllm core's ({own.shape[1]} {own.dtype})"
                 )
-            self._checked = bitmask
+            self.checked = bitmask
         kind, plan = core.decide(state)
         if kind is Fill.ENGINE:
             assert state.engine.matcher is not None
@@ -159,29 +177,143 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         self._host = host
         self._state = state
         self._terminated = False
-        self._trail: list[tuple[RowMark, int, bool]] = []
-        """Before each accepted token: the row's mark, the token, whether the row had ended."""
+        self._trail: list[Step] = []
+        """Before each accepted token: the row's mark (``None`` for a token taken lightly), the
+        token, whether the row had ended, and for a light token its budget's progress."""
         self._back = 0
         """Tokens at the trail's end that a rollback undid and the row has not gone back over yet:
         the row stands where they left it, the grammar before the first of them."""
         self._initial = state.mark()
+        self._latin1 = host.core.compiler.vocab.latin1
+        self._until = -1
+        """Below this many consumed tokens the row is on the light path (module docstring); -1: to
+        be read again (:meth:`_refresh`), since the row moved otherwise."""
+        self._matcher: ToolCallMatcher | None = None
+        self._engine: EngineMatcher | None = None
+        """The row's engine matcher, fed and filled directly on the light path (:attr:`_feed`,
+        :attr:`_fill`: :meth:`EngineMatcher.direct`)."""
+        self._feed: Callable[[int], bool] = _unread
+        self._fill: Callable[[torch.Tensor, int], bool] = _unread
+        self._end = ""
+        """The first character of the open call's closing tag: a token holding it is read whole."""
+        self._watched: np.ndarray | None = None
+        """A gated row's: the tokens its gate watches (read whole)."""
+        self._progress: Progress | None = None
+        """The budget's progress where the light path was entered (a light token leaves it as it
+        is, but for the count of planned positions): what going back over light tokens restores."""
+        self._keep = 2 * host.window
+        """The trail is cut back to the host's window once it is this long (the window is what
+        vLLM may roll back: ``num_speculative_tokens + 1``)."""
+        self._lag: list[int] = []
+        """Light tokens whose text the row's follower has not been given yet (:meth:`_sync`)."""
 
     @property
     def state(self) -> RowState:
         """The row as the grammar stands (tokens rolled back undone first)."""
         with self._host.lock:
             self._go_back()
+            self._sync()
         return self._state
 
+    def _refresh(self) -> None:
+        """Read whether the row is on the light path, and up to where
+        (:meth:`ConstraintCore.engine_alone_until`); the host's lock is held."""
+        state = self._state
+        matcher = state.engine.matcher
+        engine = None if matcher is None else matcher.alone
+        until, watched = self._host.core.engine_alone_until(state) if engine is not None else (0, None)
+        if engine is not self._engine:
+            self._feed, self._fill = (_unread, _unread) if engine is None else engine.direct()
+        self._until, self._matcher, self._engine, self._watched = until, matcher, engine, watched
+        if until:
+            span = state.gate.follower.tail.open
+            assert span is not None and span.tags is not None
+            self._end = span.tags.end[0]
+            budget = state.budget
+            self._progress = None if budget is None else budget.progress.copy()
+
+    def _sync(self) -> None:
+        """Give the row's follower the text of the light tokens it has not had yet."""
+        lag = self._lag
+        if lag:
+            latin1 = self._latin1
+            self._state.gate.follower.text += "".join([latin1[t] for t in lag])
+            lag.clear()
+
     def _go_back(self) -> None:
-        """Put the row back before the tokens rolled back (one mark, one matcher rollback)."""
+        """Put the row back before the tokens rolled back."""
         back = self._back
         if back:
-            mark, _, terminated = self._trail[-back]
-            del self._trail[-back:]
-            self._state.back_to(mark)
-            self._terminated = terminated
+            self._undo(len(self._trail) - back)
             self._back = 0
+
+    def _undo(self, start: int) -> None:
+        """Put the row back where it stood before ``trail[start]`` and drop the trail from there:
+        to the first mark after it (one matcher rollback), then back over the light tokens
+        before that mark, whose every change is known (:meth:`_take_lightly`)."""
+        trail = self._trail
+        if start >= len(trail):
+            return
+        state = self._state
+        terminated = trail[start][2]
+        full = start
+        while full < len(trail) and trail[full][0] is None:
+            full += 1
+        if full < len(trail):
+            mark = trail[full][0]
+            assert mark is not None
+            state.back_to(mark)  # taken after a sync: the light tokens after it are undone too
+            self._lag.clear()
+        self._until = -1  # read again: it may have been read after a fill that moved the budget
+        light = full - start
+        if light:
+            tokens = [step[1] for step in trail[start:full]]
+            lag = self._lag
+            if len(lag) >= light:
+                del lag[len(lag) - light :]
+            else:  # some were given to the follower already
+                synced = tokens[: light - len(lag)]
+                lag.clear()
+                follower = state.gate.follower
+                chars = sum(len(self._latin1[t]) for t in synced)
+                follower.text = follower.text[: len(follower.text) - chars]
+            state.consumed -= light
+            assert state.engine.matcher is not None
+            state.engine.matcher.rollback(light)
+            if state.gate.on:
+                del state.gate.pending[len(state.gate.pending) - light :]
+            progress = trail[start][3]
+            if progress is not None:
+                assert state.budget is not None
+                state.budget.progress = progress.copy()
+        del trail[start:]
+        self._terminated = terminated
+
+    def _take_lightly(self, token: int) -> bool | None:
+        """Take ``token`` on the light path: True, or False where the engine refuses it (the row
+        unchanged); ``None``, with nothing done, where it must be read whole (the caller checked
+        that the row is on the light path). What :meth:`ConstraintCore._lengthen_call` does to the
+        row, its text kept back (:attr:`_lag`) and no mark taken: undoing it is counting back."""
+        state = self._state
+        latin1 = self._latin1
+        if not 0 <= token < len(latin1) or token in state.stop_ids:
+            return None
+        piece = latin1[token]
+        if self._end in piece or (not piece.isascii() and utf8_need(0, piece)):
+            return None
+        watched = self._watched
+        if watched is not None and watched[token]:
+            return None
+        if not self._feed(token):
+            return False
+        assert self._matcher is not None
+        self._matcher.accepted += 1
+        self._trail.append((None, token, False, self._progress))
+        state.consumed += 1
+        self._lag.append(token)
+        if state.gate.on:
+            state.gate.pending.append(token)
+        return True
 
     def _accept(self, token: int, plan: bool = True) -> bool:
         ok = self._host.advance(self._state, token, plan)
@@ -194,37 +326,64 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         vLLM 0.34 feeds every trimmed draft here while filling the bitmask, the first
         grammar-invalid one included, and then rolls back only the drafts that were accepted
         (``StructuredOutputGrammar.accept_tokens``: "a false result must leave the grammar state
-        unchanged"). A refused token puts the row back to its mark (the core, told to, logs no
-        error), so a draft never ends the row.
+        unchanged"). A refused token puts the row back (the core, told to, logs no error), so a
+        draft never ends the row.
 
         Tokens that a rollback undid are taken again by moving over them (all but the last of
         ``tokens``: the row the path left after the last one has had the next position's fill,
-        which accepting it alone has not)."""
+        which accepting it alone has not). On the light path a token costs its engine's accept
+        and a few counts; elsewhere the row is marked, settled and advanced under the lock."""
+        if len(tokens) == 1 and not self._back and self._state.consumed < self._until:
+            took = self._take_lightly(tokens[0])  # a draft on the draft path, mostly
+            if took is not None:
+                self._trim()
+                return took
         host = self._host
-        with host.lock:
-            trail, back = self._trail, self._back
-            start = len(trail) - back
-            taken = 0
-            while back and taken < len(tokens) - 1 and tokens[taken] == trail[-back][1]:
-                back -= 1
-                taken += 1
-            self._back = back
-            self._go_back()
-            state = self._state
-            for i in range(taken, len(tokens)):
-                token = tokens[i]
-                if i > taken:
+        trail, back = self._trail, self._back
+        taken = 0
+        while back and taken < len(tokens) - 1 and tokens[taken] == trail[-back][1]:
+            back -= 1
+            taken += 1
+        self._back = back
+        if back:
+            with host.lock:
+                self._go_back()
+        start = len(trail)
+        state = self._state
+        for i in range(taken, len(tokens)):
+            token = tokens[i]
+            if self._until < 0:
+                with host.lock:
+                    self._refresh()
+            if state.consumed < self._until:
+                # This position's fill is the engine's alone: it changes nothing in the row.
+                took = self._take_lightly(token)
+                if took is not None:
+                    if not took:
+                        with host.lock:
+                            self._undo(start)
+                        return False
+                    continue
+                settled = True
+            else:
+                settled = i == taken
+            with host.lock:
+                self._until = -1
+                if not settled:
                     host.settle(state)  # what the fill this position gets without drafts does
-                trail.append((state.mark(), token, self._terminated))
+                self._sync()
+                trail.append((state.mark(), token, self._terminated, None))
                 if self._terminated or not self._accept(token):
-                    mark, _, terminated = trail[start]
-                    del trail[start:]
-                    state.back_to(mark)
-                    self._terminated = terminated
+                    self._undo(start)
                     return False
-            if len(trail) > host.window:
-                del trail[: len(trail) - host.window]
+        self._trim()
         return True
+
+    def _trim(self) -> None:
+        """Keep the trail to what vLLM may roll back (cut now and then, not on every token)."""
+        trail = self._trail
+        if len(trail) > self._keep:
+            del trail[: len(trail) - self._host.window]
 
     def validate_tokens(self, tokens: list[int]) -> list[int]:
         """The drafts' longest prefix the grammar accepts (on the row's path, then gone back).
@@ -234,12 +393,19 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         at verification (the mask a fill would compute here costs as much as the draft's row).
         """
         host = self._host
+        if self._back:
+            with host.lock:
+                self._go_back()
+        state = self._state
+        matcher, engine = state.engine.matcher, state.engine
+        if matcher is not None and not state.gate.on and engine.paused is None and engine.failed is None:
+            alone = matcher.alone
+            if alone is None:
+                return tokens[: self._valid_on_matcher(matcher.accept_token, matcher.rollback, tokens)]
+            feed = self._feed if alone is self._engine else alone.direct()[0]
+            return tokens[: self._valid_on_matcher(feed, alone.rollback, tokens)]
         with host.lock:
-            self._go_back()
-            state = self._state
-            matcher, engine = state.engine.matcher, state.engine
-            if matcher is not None and not state.gate.on and engine.paused is None and engine.failed is None:
-                return tokens[: self._valid_on_matcher(matcher, tokens)]
+            self._sync()
             start, terminated = state.mark(), self._terminated
             valid = 0
             for token in tokens:
@@ -250,8 +416,11 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
             self._terminated = terminated
         return tokens[:valid]
 
-    def _valid_on_matcher(self, matcher: ToolCallMatcher, tokens: list[int]) -> int:
-        """How many of ``tokens`` the matcher takes, asked of the matcher alone, then rolled back.
+    def _valid_on_matcher(
+        self, accept: Callable[[int], bool], rollback: Callable[[int], None], tokens: list[int]
+    ) -> int:
+        """How many of ``tokens`` the matcher takes, asked of the matcher alone (its ``accept``),
+        then rolled back.
 
         For a row whose engine runs everywhere (not gated), running and not paused, this is what
         feeding the whole row answers: the core feeds such a row's matcher every token and nothing
@@ -261,28 +430,40 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         terminated = self._terminated
         valid = 0
         for token in tokens:
-            if terminated or not matcher.accept_token(token):
+            if terminated or not accept(token):
                 break
             valid += 1
             terminated = token in stops
         if valid:
-            matcher.rollback(valid)
+            rollback(valid)
         return valid
 
     def rollback(self, num_tokens: int) -> None:
         """Undo the last ``num_tokens`` accepted tokens, lazily (the module's docstring)."""
         if num_tokens <= 0:
             return
-        with self._host.lock:
-            kept = len(self._trail) - self._back
-            if num_tokens > kept:
-                raise ValueError(f"hermes-vllm keeps {kept} tokens of rollback, asked for {num_tokens}")
-            self._back += num_tokens
+        kept = len(self._trail) - self._back
+        if num_tokens > kept:
+            raise ValueError(f"hermes-vllm keeps {kept} tokens of rollback, asked for {num_tokens}")
+        self._back += num_tokens
 
     def fill_bitmask(self, bitmask: torch.Tensor, batch_index: int) -> None:
-        with self._host.lock:
-            self._go_back()
-            self._host.fill_into(self._state, bitmask, batch_index)
+        host = self._host
+        if self._back or self._until < 0:
+            with host.lock:
+                self._go_back()
+                self._refresh()
+        state = self._state
+        alone = state.consumed < self._until and bitmask is host.checked
+        if alone:  # the light path: the engine's mask alone (the module docstring)
+            host.filled.add(id(state))
+            if not self._fill(bitmask, batch_index):
+                bitmask[batch_index].fill_(-1)
+            return
+        with host.lock:
+            self._until = -1
+            self._sync()
+            host.fill_into(state, bitmask, batch_index)
 
     def is_terminated(self) -> bool:
         back = self._back
@@ -296,7 +477,9 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         host = self._host
         with host.lock:
             self._go_back()
-            history = [token for _, token, _ in self._trail[-2:]]
+            self._sync()
+            self._until = -1
+            history = [step[1] for step in self._trail[-2:]]
             walk = _Walk(self)
             try:
                 return host.drafter.offer(walk, history, limit)
@@ -307,8 +490,16 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         with self._host.lock:
             self._trail.clear()
             self._back = 0
+            self._lag.clear()
+            self._until = -1
             self._state.back_to(self._initial)
             self._terminated = False
+
+
+def _unread(*_: object) -> bool:
+    """A row's direct engine calls before its light path was read (:meth:`HostedGrammar._refresh`:
+    only then are they taken)."""
+    raise AssertionError("hermes-vllm: a hosted row's light path was taken before it was read")
 
 
 class _Walk:

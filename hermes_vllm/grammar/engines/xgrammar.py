@@ -320,6 +320,9 @@ class XGrammarMatcher(EngineMatcher):
     def can_end(self) -> bool:
         return bool(self.inner.is_completed())
 
+    def direct(self) -> tuple[Callable[[int], bool], Callable[[torch.Tensor, int], bool]]:
+        return self.inner.accept_token, self.inner.fill_next_token_bitmask
+
 
 class XGrammarGrammar(EngineGrammar):
     def __init__(self, compiled: xgr.CompiledGrammar) -> None:
