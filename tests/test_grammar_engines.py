@@ -394,6 +394,7 @@ ENFORCED: dict[str, tuple[Any, Any]] = {
     "minItems": ([1, 2], [1]),
     "pattern": ("aa", "ab"),
     "maxLength": ("abc", "abcd"),
+    "propertyNames": ({"xa": 1}, {"ax": 1}),
 }
 
 
