@@ -161,10 +161,10 @@ class Tally(BaseModel):
 
 class Lexicon(BaseModel):
     """Counts keyed by free names under a bound, which pydantic writes as ``propertyNames``: a
-    length (``StringConstraints``) and a format (``EmailStr``)."""
+    length (``StringConstraints``) and a format (a ``date``)."""
 
     by_code: dict[Annotated[str, StringConstraints(min_length=2, max_length=3)], int]
-    by_mail: dict[EmailStr, int] = {}
+    by_day: dict[datetime.date, int] = {}
 
 
 MODELS: tuple[type[BaseModel], ...] = (
