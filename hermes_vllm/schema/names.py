@@ -8,10 +8,11 @@ names (an ``enum`` / ``const``) is spelled out as a closed object by the schema 
 is the rest: names bound by a ``pattern``, a length or a ``format``. xgrammar enforces such a
 names schema itself (its key rule is the string rule of the names schema); llguidance 1.7 leaves
 ``propertyNames`` unimplemented but enforces the same object as one ``patternProperties`` entry
-(:func:`as_pattern_properties`). Any other names schema (an object that also declares
-``properties`` or ``patternProperties``, a ``$ref`` or a combinator on names) is refused under
-``propertyNames`` by the coverage check: spelled in another keyword, it would be refused under a
-keyword the client never wrote.
+(:func:`as_pattern_properties`); the outlines engine writes a ``format`` on names into its own
+regex of the object (it refuses patterns and lengths anywhere). Any other names schema (an
+object that also declares ``properties`` or ``patternProperties``, a ``$ref`` or a combinator on
+names) is refused under ``propertyNames`` by the coverage check: spelled in another keyword, it
+would be refused under a keyword the client never wrote.
 """
 
 from __future__ import annotations
