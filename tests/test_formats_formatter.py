@@ -202,7 +202,7 @@ def test_bare_responses_round_trip_their_results(dialect: str, contents: list[An
         ('{"name": "f"}', "must have exactly the keys ['name', 'arguments'], got ['name']"),
         ('{"name": "f", "arguments": {}, "id": 1}', "got ['name', 'arguments', 'id']"),
         ('{"name": 3, "arguments": {}}', "tool call 'name' must be a string, got int"),
-        ('{"name": "f", "arguments": "{}"}', "tool call 'arguments' must be an object, got str"),
+        ('{"name": "f", "arguments": "{} x"}', "tool call 'arguments' must be an object, got str"),
         ('{"name": "f", "arguments": {"x": NaN}}', "neither JSON"),
         ("{'name': 'f', 'arguments': {}", "neither JSON"),
     ],
@@ -214,5 +214,10 @@ def test_parse_call_payload_says_what_is_wrong(payload: str, error: str) -> None
 
 def test_parse_payloads_accept_whitespace_and_both_syntaxes() -> None:
     assert parse_call_payload('\n {"arguments": {"a": 1}, "name": "f"} \n') == ("f", {"a": 1})
+    # arguments the model serialised itself: decoded once (vLLM's hermes parser after 0.32 does too)
+    assert parse_call_payload('{"name": "f", "arguments": "{\\"a\\": 1}"}') == ("f", {"a": 1})
+    for text in ('"hello"', '"{a}"', '"{\\"a\\": 1} tail"', '"[1]"'):
+        with pytest.raises(ValueError, match="must be an object"):
+            parse_call_payload(f'{{"name": "f", "arguments": {text}}}')
     assert parse_call_payload("\n{'name': 'f', 'arguments': {'b': False}}\n") == ("f", {"b": False})
     assert parse_response_payload('{"name": "f", "content": "x"}') == ("f", "x")

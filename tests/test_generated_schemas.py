@@ -36,6 +36,7 @@ REFUSES: dict[str, dict[str, tuple[str, ...]]] = {
         "Schedule": ("maximum", "minimum", "maxLength"),
         "PlanMeeting": ("multipleOf",),
         "Tally": ("pattern",),
+        "Lexicon": ("maxLength",),
         "plan_route": ("maximum", "minimum"),
         "book_tableArguments": ("maximum", "minimum"),
         "notify_stopsArguments": ("maxLength", "maximum", "minimum"),

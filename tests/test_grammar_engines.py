@@ -382,7 +382,11 @@ KEYWORD_SCHEMAS: dict[str, dict[str, Any]] = {
     "minProperties": {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 1},
     "prefixItems": {"type": "array", "prefixItems": [{"type": "integer"}], "items": False},
     "patternProperties": {"type": "object", "patternProperties": {"^x": {"type": "integer"}}},
-    "propertyNames": {"type": "object", "propertyNames": {"pattern": "^x"}},
+    "propertyNames": {
+        "type": "object",
+        "additionalProperties": {"type": "integer"},
+        "propertyNames": {"format": "date"},
+    },
     "dependentRequired": {"type": "object", "dependentRequired": {"a": ["b"]}},
     "not": {"not": {"type": "integer"}},
     "if": {"if": {"type": "integer"}, "then": {"minimum": 0}},
@@ -394,6 +398,7 @@ ENFORCED: dict[str, tuple[Any, Any]] = {
     "minItems": ([1, 2], [1]),
     "pattern": ("aa", "ab"),
     "maxLength": ("abc", "abcd"),
+    "propertyNames": ({"2020-01-02": 1}, {"2020-01-32": 1}),
 }
 
 

@@ -188,6 +188,17 @@ def test_a_call_cut_by_max_tokens_is_not_reported_but_the_calls_before_it_are(
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
+def test_arguments_serialised_as_a_json_string_are_decoded_once(dialect: str, vllm_tokenizer: Any) -> None:
+    """Granite 4 writes ``arguments`` as the JSON text of the object: the call is that object, whole
+    and streamed (vLLM's hermes parser after 0.32 agrees); any other string is no call."""
+    d = get_dialect(dialect)
+    serialised = json.dumps({"name": "add", "arguments": json.dumps({"a": 1, "b": "x"})})
+    bare = json.dumps({"name": "add", "arguments": '{"a": 1} tail'})
+    text = f"{d.tool_call.begin}{serialised}{d.tool_call.end}{d.tool_call.begin}{bare}{d.tool_call.end}"
+    assert check_both_ways(dialect, vllm_tokenizer, text).calls == [("add", '{"a": 1, "b": "x"}')]
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
 def test_python_literal_payloads_are_read_and_written_back_as_json(dialect: str, vllm_tokenizer: Any) -> None:
     d = get_dialect(dialect)
     payload = "{'name': 'add', 'arguments': {'a': 1, 'b': True, 'c': None}}"

@@ -25,12 +25,14 @@ from hermes_vllm.budget.shortest import (
     Members,
     Schema,
     Unknown,
+    allowed_name,
     compact,
     declared,
     distinct_items,
     extend_number,
     extra_schema,
     free_keys,
+    key_names,
     pattern_suffix,
     resolve,
     rest_of_object,
@@ -297,6 +299,7 @@ class _ObjectReader:
         self.extra: Schema = False if extra is False else extra if isinstance(extra, Mapping) else {}
         most = schema.get("maxProperties")
         self.most = most if isinstance(most, int) else None
+        self.names = key_names(schema)
 
     def rest(self, at: Members, first: bool = False) -> str:
         return rest_of_object(self.schema, self.ctx, at, self.depth, first) + "}"
@@ -320,8 +323,9 @@ class _ObjectReader:
             if n > at.last and not self.skips_required(at.last, n):
                 yield compact(k), v, at.add(n, k)
         if self.extra is not False:
-            key = next(free_keys(self.schema, at.free))
-            yield compact(key), self.extra, at.add(-1, key)
+            with suppress(Unknown):
+                key = next(free_keys(self.schema, at.free))
+                yield compact(key), self.extra, at.add(-1, key)
 
     def member(self, at: Members, j: int, first: bool) -> Iterator[Read]:
         """A member (or, ``first``, the closing brace) from ``text[j]``."""
@@ -339,11 +343,18 @@ class _ObjectReader:
                 yield Done(j + 1)
             return
         if text[j] == '"':
-            for key_read in _read_string(text, j + 1, 0):
+            for key_read in self.read_key(j + 1):
                 if isinstance(key_read, Open):
                     yield from self.open_key(at, j, key_read.suffix)
                 else:
                     yield from self.after_key(at, j, key_read.end)
+
+    def read_key(self, i: int) -> Iterator[Read]:
+        """A key's body from ``text[i]``, finished (when open) as the ``propertyNames`` allows."""
+        names = self.names
+        if names is not None and "pattern" in names:
+            return _read_pattern_string(names, self.text, i)
+        return _read_string(self.text, i, int(names.get("minLength", 0)) if names is not None else 0)
 
     def open_key(self, at: Members, j: int, closing: str) -> Iterator[Read]:
         """The text ends inside a key begun at ``text[j]``: a declared key it begins, or (where
@@ -352,7 +363,7 @@ class _ObjectReader:
         choices = [(s, v, after) for s, v, after in self.key_choices(at) if s.startswith(written)]
         with suppress(ValueError):
             key = json.loads(written + closing)
-            free = self.extra is not False and key not in self.index
+            free = self.extra is not False and key not in self.index and allowed_name(self.schema, key)
             if free and (key in at.free or self.most is None or at.count < self.most):
                 choices.append((written + closing, self.extra, at.add(-1, key)))
         for spelling, value_schema, after in choices:
@@ -371,7 +382,7 @@ class _ObjectReader:
             return
         # An undeclared key may come again: the engines' grammars do not track which were written
         # (a weak model repeats keys in a free-form object), and JSON keeps the last value.
-        if n < 0 and self.extra is False:
+        if n < 0 and (self.extra is False or not allowed_name(self.schema, key)):
             return
         if self.most is not None and at.count >= self.most and key not in at.free:
             return

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import suppress
 from dataclasses import dataclass
 from fractions import Fraction
+from itertools import chain, islice
 from itertools import count as counting
 from typing import Any
 
@@ -368,13 +369,44 @@ class Members:
         return Members(self.last, self.count + 1, self.free | {key})
 
 
-def free_keys(schema: Mapping[str, Any], taken: frozenset[str]) -> Iterator[str]:
-    """Undeclared keys not written yet, shortest first."""
-    declared = set(schema.get("properties", {}))
+def key_names(schema: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The schema every key of the object must satisfy (its ``propertyNames``), if any."""
+    names = schema.get("propertyNames")
+    return names if isinstance(names, Mapping) else None
+
+
+def allowed_name(schema: Mapping[str, Any], key: str) -> bool:
+    """Whether ``key`` satisfies the object's ``propertyNames``."""
+    names = key_names(schema)
+    return names is None or jsonschema.Draft202012Validator(names).is_valid(key)
+
+
+_NAME_TRIES = 4096
+"""Candidate keys tried against a ``propertyNames`` schema before giving up."""
+
+
+def _plain_keys() -> Iterator[str]:
     for n in counting():
-        key = "" if n == 0 else "k" + str(n - 1) if n > 26 else chr(ord("a") + n - 1)
-        if key not in declared and key not in taken:
+        yield "" if n == 0 else "k" + str(n - 1) if n > 26 else chr(ord("a") + n - 1)
+
+
+def free_keys(schema: Mapping[str, Any], taken: frozenset[str]) -> Iterator[str]:
+    """Undeclared keys not written yet, shortest first. Under ``propertyNames``: the shortest
+    name its pattern or length allows, then the short ones it accepts, and :class:`Unknown`
+    when none is left among the candidates tried."""
+    names = key_names(schema)
+    skip = set(schema.get("properties", {})) | taken
+    if names is None:
+        yield from (k for k in _plain_keys() if k not in skip)
+        return
+    check = jsonschema.Draft202012Validator(names)
+    shortest = json.loads(_shortest_of("string", {**names, "type": "string"}, Ctx({}, len), 0))
+    tried = (json.loads(c) for c in _candidate_items("string", 0))
+    for key in islice(chain([shortest], tried), _NAME_TRIES):
+        if key not in skip and check.is_valid(key):
+            skip.add(key)
             yield key
+    raise Unknown("propertyNames")
 
 
 def member_text(key: str, value: Schema, ctx: Ctx, depth: int) -> str:

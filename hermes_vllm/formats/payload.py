@@ -63,10 +63,27 @@ def _object_with(payload: Any, keys: tuple[str, str], what: str) -> dict[str, An
     return payload
 
 
+def _serialized_object(value: Any) -> Any:
+    """The object a string holds when the whole string is one JSON object, else ``value``.
+
+    Some models (Granite 4) write ``arguments`` already serialised, as a JSON string; decoded
+    once, it is the object they meant, which vLLM's hermes parser (after 0.32) returns too. Any
+    other string stays a string, and so no call."""
+    if isinstance(value, str):
+        try:
+            decoded = loads_json(value)
+        except ValueError:
+            return value
+        if isinstance(decoded, dict):
+            return decoded
+    return value
+
+
 def parse_call_payload(text: str) -> tuple[str, dict[str, Any]]:
-    """``(name, arguments)`` of a call payload, in either key order; ``ValueError`` says what is wrong."""
+    """``(name, arguments)`` of a call payload, in either key order, arguments written as an object
+    or as the JSON text of one; ``ValueError`` says what is wrong."""
     payload = _object_with(load_payload(text), ("name", "arguments"), "tool call")
-    arguments = payload["arguments"]
+    arguments = _serialized_object(payload["arguments"])
     if not isinstance(arguments, dict):
         raise ValueError(f"tool call 'arguments' must be an object, got {type(arguments).__name__}")
     return payload["name"], arguments

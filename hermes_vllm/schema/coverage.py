@@ -10,6 +10,7 @@ from functools import partial
 from typing import Literal
 
 from hermes_vllm.memo import IdentityMemo
+from hermes_vllm.schema.names import FREE_NAMES_REASON, free_names
 from hermes_vllm.schema.rewrite import (
     JSON_TYPES,
     assertion_keywords,
@@ -89,6 +90,8 @@ def _misplaced(sub: dict[str, JSON]) -> Iterator[tuple[str, str]]:
         if search_as_full_match(pattern) is None:
             yield "pattern", "lookaround, backreference or anchor inside a group"
         yield from ((k, "together with 'pattern'") for k in ("minLength", "maxLength") if k in sub)
+    if "propertyNames" in sub and free_names(sub) is None:
+        yield "propertyNames", FREE_NAMES_REASON
 
 
 def uncovered_keywords(spec: ToolSpec, supported: frozenset[str]) -> list[UncoveredKeyword]:

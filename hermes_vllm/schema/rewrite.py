@@ -26,6 +26,7 @@ from jsonschema import Draft202012Validator
 
 from hermes_vllm.schema.content import json_content_patterns
 from hermes_vllm.schema.formats import keep_enforced_formats
+from hermes_vllm.schema.names import FREE_NAME_KEYWORDS
 from hermes_vllm.schema.spec import JSON, ToolSchemaError, pointer
 from hermes_vllm.schema.tree import CONSTRAINING, depth, iter_subschemas, resolve_ref
 from hermes_vllm.settings import Limits
@@ -471,10 +472,11 @@ def _property_names(schema: JSON) -> None:
     Finitely many names (pydantic's ``dict[Literal[...], V]``, ``dict[SomeEnum, V]``) make the
     object of those optional properties and no other, each holding what the object said for
     that name (its ``properties`` entry, the ``patternProperties`` it matches, else
-    ``additionalProperties``): exact. A name that two of the object's schemas would apply to, or
-    any other names schema (a ``pattern`` or length on free names among them: as
-    ``patternProperties`` it would be refused under that name, which the client never wrote), is
-    left for the coverage check, which refuses it by name.
+    ``additionalProperties``): exact. A names schema of string keywords (a ``pattern``, a length,
+    a ``format``: pydantic's ``dict[EmailStr, V]``) says ``"type": "string"``, exact as every key
+    is a string, so that a ``format`` there is enforced like a value's; the engines serve it
+    (:mod:`.names`). A name that two of the object's schemas would apply to, or any other names
+    schema, is left for the coverage check, which refuses it by name.
     """
     for _, sub in list(iter_subschemas(schema)):
         if "propertyNames" not in sub:
@@ -501,6 +503,12 @@ def _property_names(schema: JSON) -> None:
                 sub.pop("patternProperties", None)
                 del sub["propertyNames"]
             continue
+        if (
+            isinstance(names, dict)
+            and names.get("type", "string") == "string"
+            and not set(names) - FREE_NAME_KEYWORDS - {"type"}
+        ):
+            sub["propertyNames"] = {**names, "type": "string"}
 
 
 def _declare_required(tool: str, schema: JSON) -> None:

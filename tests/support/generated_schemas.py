@@ -5,7 +5,7 @@ instructor, the OpenAI Agents SDK, MCP servers), and the client validates the ca
 against the same model. Each model here is of an everyday kind: discriminated unions, recursive
 models, nested and optional models, tuples, enums, literals, sets of enum members and of free
 strings and numbers, integer and number multiples, defaults, formatted strings, dicts keyed
-by literals and enums, a string holding JSON. Each comes in
+by literals and enums and by names of a bounded length or a format, a string holding JSON. Each comes in
 three forms: ``model_json_schema()`` as pydantic 2 writes it, the same with every annotated
 ``$ref`` wrapped in a one-branch ``allOf`` (what pydantic wrote before 2.9 and other generators
 still write), and ``openai.pydantic_function_tool`` (the SDK's strict form). Beside them, the
@@ -28,7 +28,7 @@ from typing import Annotated, Any, Literal
 
 import openai
 from jsonschema import Draft202012Validator
-from pydantic import AnyUrl, BaseModel, EmailStr, Field, Json, ValidationError
+from pydantic import AnyUrl, BaseModel, EmailStr, Field, Json, StringConstraints, ValidationError
 
 FORMS = ("pydantic", "allof", "strict")
 
@@ -159,8 +159,16 @@ class Tally(BaseModel):
     ids: Json[list[int]]
 
 
+class Lexicon(BaseModel):
+    """Counts keyed by free names under a bound, which pydantic writes as ``propertyNames``: a
+    length (``StringConstraints``) and a format (a ``date``)."""
+
+    by_code: dict[Annotated[str, StringConstraints(min_length=2, max_length=3)], int]
+    by_day: dict[datetime.date, int] = {}
+
+
 MODELS: tuple[type[BaseModel], ...] = (
-    AdoptPet, AdoptMany, SaveTree, DrawShape, CreateTicket, Schedule, PlanMeeting, TagPost, Tally,
+    AdoptPet, AdoptMany, SaveTree, DrawShape, CreateTicket, Schedule, PlanMeeting, TagPost, Tally, Lexicon,
 )  # fmt: skip
 
 

@@ -55,6 +55,7 @@ from hermes_vllm.grammar.engines.base import (
 from hermes_vllm.grammar.turn import ANSWER_NAME, LEAD_WHITESPACE, MARK, TurnSpec, tag_initials
 from hermes_vllm.schema import ToolSchemaError, ToolSpec, canonical_value, iter_subschemas
 from hermes_vllm.schema.formats import formats_as_patterns
+from hermes_vllm.schema.names import as_pattern_properties
 from hermes_vllm.schema.spec import pointer
 from hermes_vllm.schema.unique import without_kept_unique
 
@@ -66,13 +67,14 @@ logger = logging.getLogger(__name__)
 # provably exclusive, min/maxProperties beside optional properties, false subschemas. Left out:
 # multipleOf (1.7 rejects negative multiples, fixed in 1.8) and what 1.7 reports as unimplemented
 # (uniqueItems, not, if/then/else, contains, dependent*, propertyNames, unevaluated*,
-# $dynamicRef): strict coverage refuses them, lenient coverage strips them.
+# $dynamicRef): strict coverage refuses them, lenient coverage strips them. propertyNames in the
+# one shape schema.names serves is compiled as the patternProperties entry it means.
 LLGUIDANCE_KEYWORDS = frozenset(
     {
         "type", "enum", "const", "properties", "required", "additionalProperties", "patternProperties",
         "minProperties", "maxProperties", "items", "prefixItems", "minItems", "maxItems",
         "minLength", "maxLength", "pattern", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-        "anyOf", "allOf", "oneOf", "$ref", "$defs", "definitions",
+        "anyOf", "allOf", "oneOf", "$ref", "$defs", "definitions", "propertyNames",
     }
 )  # fmt: skip
 
@@ -108,9 +110,11 @@ def _schema(tool: ToolSpec, max_ws: int) -> dict[str, Any]:
     Integral floats become integers (llguidance refuses a ``maxItems`` of ``2.0``; JSON Schema
     compares numbers by value), and objects that declare ``properties`` are closed unless they
     say otherwise: our argument policy, which llguidance (following JSON Schema) would not apply.
+    A served ``propertyNames`` becomes its ``patternProperties`` entry (:mod:`~hermes_vllm.schema.names`).
     """
     schema: dict[str, Any] = canonical_value(formats_as_patterns(without_kept_unique(tool.parameters)))
-    for _, sub in iter_subschemas(schema):
+    for _, sub in list(iter_subschemas(schema)):
+        as_pattern_properties(sub)
         if isinstance(sub.get("properties"), dict) and not _OPENERS & sub.keys():
             sub["additionalProperties"] = False
     return {**schema, "x-guidance": _json_options(max_ws)}

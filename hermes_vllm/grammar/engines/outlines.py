@@ -34,6 +34,9 @@ and BFCL; strict coverage refuses the keywords, :meth:`OutlinesEngine.check` the
   ``pattern``: outlines-core pastes it into the JSON string unescaped, so a pattern that can match
   a quote lets the model write invalid JSON, and an unanchored one (``b``, which JSON Schema
   searches for) made an index of gigabytes.
+- **Keys.** outlines-core has no ``propertyNames``: a ``format`` on the names of a free-form
+  object (``dict[datetime.date, V]``) is spelled by :func:`_regex_with_names`; a pattern or a
+  length there is refused like one on a value.
 - **JSON it cannot spell.** Strings admit no ``\\uXXXX`` escape and no U+007F..U+009F character;
   property names that need escapes are refused; a number's exponent needs a sign (``1e+5``);
   whitespace (bounded) is allowed everywhere xgrammar allows it except before ``,`` in arrays;
@@ -62,6 +65,7 @@ from hermes_vllm.grammar.engines.base import EngineGrammar, EngineMatcher, Gramm
 from hermes_vllm.grammar.turn import LEAD_WHITESPACE, TurnSpec
 from hermes_vllm.schema import CONSTRAINING, ToolSpec, canonical_value, iter_subschemas
 from hermes_vllm.schema.formats import formats_as_patterns
+from hermes_vllm.schema.names import free_names
 from hermes_vllm.schema.spec import pointer
 from hermes_vllm.schema.unique import without_kept_unique
 
@@ -74,6 +78,7 @@ OUTLINES_KEYWORDS = frozenset(
     {
         "type", "enum", "const", "properties", "required", "additionalProperties",
         "items", "prefixItems", "minItems", "maxItems", "anyOf", "$ref", "$defs", "definitions",
+        "propertyNames",
     }
 )  # fmt: skip
 MAX_ITEMS_BOUND = 64
@@ -169,11 +174,45 @@ def _ws(n: int) -> str:
     return f"[ \\t\\n\\r]{{0,{n}}}"
 
 
+_STRING = build_regex_from_schema(json.dumps({"type": "string"}))
+"""outlines-core's regex of any JSON string: what it writes for each key of a free-form object."""
+_SENTINEL = "hermesvllmnames{}"
+"""A placeholder ``const`` outlines-core writes as it is (letters and digits: nothing escaped)."""
+
+
+def _regex_with_names(schema: Any, ws: str) -> str:
+    """outlines-core's regex of ``schema`` (after :func:`_for_outlines`), each object whose keys a
+    format bounds (:func:`~hermes_vllm.schema.names.free_names`; the format already its raw-safe
+    pattern) spelled by us: outlines-core has no ``propertyNames``, so such an object stands in as
+    a placeholder ``const``, and its regex is outlines-core's own for the free-form object with
+    each key's string regex replaced by the names pattern (anchors dropped: it is pasted inside the
+    quotes, which the raw-safe patterns allow)."""
+    found: list[tuple[str, str]] = []
+    for _, sub in list(iter_subschemas(schema)):
+        names = free_names(sub)
+        if names is None or set(names) - {"type", "pattern"} or not isinstance(names.get("pattern"), str):
+            continue
+        marker = _SENTINEL.format(len(found))
+        value = sub.get("additionalProperties", True)
+        template = build_regex_from_schema(
+            json.dumps({"type": "object", "additionalProperties": {"const": marker}}), ws
+        )
+        value_regex = _regex_with_names(dict(_ANY) if _any_value(value) else value, ws)
+        key = '"(?:' + names["pattern"].removeprefix("^").removesuffix("$") + ')"'
+        found.append((marker, template.replace(_STRING, key).replace(f'"{marker}"', f"(?:{value_regex})")))
+        sub.clear()
+        sub["const"] = marker
+    regex: str = build_regex_from_schema(json.dumps(schema), ws)
+    for marker, object_regex in reversed(found):
+        regex = regex.replace(f'"{marker}"', f"(?:{object_regex})")
+    return regex
+
+
 def _call_body(tool: ToolSpec, order: str, max_ws: int) -> str:
     """``{"name": N, "arguments": ARGS}`` (or arguments first) with bounded whitespace."""
     ws = _ws(max_ws)
     schema = _for_outlines(formats_as_patterns(without_kept_unique(tool.parameters), raw_safe=True))
-    args = build_regex_from_schema(json.dumps(schema), ws)
+    args = _regex_with_names(schema, ws)
     name = f'"name"{ws}:{ws}{_escape(json.dumps(tool.name, ensure_ascii=False))}'
     if order == "name_first":
         return f'\\{{{ws}{name}{ws},{ws}"arguments"{ws}:{ws}(?:{args}){ws}\\}}'
@@ -234,6 +273,12 @@ def _refusal(sub: dict[str, Any]) -> str | None:
     extra = sub.get("additionalProperties", False)
     if "properties" in sub and extra is not False:
         return "'additionalProperties' beside 'properties' is ignored by outlines-core (it closes the object)"
+    if "propertyNames" in sub and any(
+        "$ref" in s for _, s in iter_subschemas(sub.get("additionalProperties"))
+    ):
+        return (
+            "'propertyNames' beside values holding a '$ref' (the outlines engine spells such an object alone)"
+        )
     escaped = [n for n in sub.get("properties", {}) if json.dumps(n, ensure_ascii=False)[1:-1] != n]
     if escaped:
         return f"'properties' name {escaped[0]!r} needs JSON escapes, which outlines-core does not write"

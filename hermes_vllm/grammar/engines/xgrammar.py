@@ -58,16 +58,18 @@ from hermes_vllm.settings import get_limits
 # schema.make_explicit has spelled out types and defaults, and schema.uncovered_keywords refuses
 # them where they sit beside '$ref'/'anyOf' or combine 'pattern' with lengths. Left out because
 # xgrammar silently ignores or mis-enforces them: uniqueItems, not, if/then/else, oneOf/allOf
-# (unless rewritten), dependent*, contains, propertyNames, unevaluated*; patternProperties
+# (unless rewritten), dependent*, contains, unevaluated*; patternProperties
 # (patterns taken as whole-key matches, '^'/'$' break them, and beside 'properties' no key is
 # accepted at all). multipleOf is enforced exactly for type integer with a whole divisor up to
 # 1024 and no range bound beside it, and ignored elsewhere: schema.coverage refuses it there.
+# propertyNames is enforced (the key is the names schema's string rule) in the one shape
+# schema.names serves; coverage refuses it elsewhere.
 XGRAMMAR_KEYWORDS = frozenset(
     {
         "type", "enum", "const", "properties", "required", "additionalProperties",
         "items", "prefixItems", "minItems", "maxItems", "minLength", "maxLength", "pattern",
         "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "anyOf",
-        "$ref", "$defs", "definitions", "minProperties", "maxProperties", "multipleOf",
+        "$ref", "$defs", "definitions", "minProperties", "maxProperties", "multipleOf", "propertyNames",
     }
 )  # fmt: skip
 
