@@ -147,15 +147,15 @@ class ToolCallLogitsProcessor(V2LogitsProcessor, step_hook.BeforeForward):  # ty
             self._event = torch.cuda.Event()
             self._event.record()
 
-    def _new_tokens(self, slot: int, state: RowState, host: list[list[int]]) -> list[int]:
-        """The slot's tokens since the last step, from ``host`` (this step's copy, as lists).
+    def _new_tokens(self, slot: int, state: RowState, host: list[list[int]], prompt: int) -> list[int]:
+        """The slot's tokens since the last step, from ``host`` (this step's copy, as lists), its
+        prompt being ``prompt`` tokens long.
 
         A slot missing from the copy sat out the previous step (the scheduler ran out of token
         budget for it): its length is read from the device, a blocking read that is rare.
         """
         i = self._copied.get(slot)
         total = host[i][0] if i is not None else int(self.req_states.total_len.gpu[slot])
-        prompt = int(self.req_states.prompt_len.np[slot])
         fresh = total - prompt - state.consumed
         if fresh <= 0:
             return []
@@ -175,12 +175,15 @@ class ToolCallLogitsProcessor(V2LogitsProcessor, step_hook.BeforeForward):  # ty
         self._fresh = False
         if self._event is not None:
             self._event.synchronize()
-        host = self._host[: len(self._copied)].tolist()  # one conversion, not one per row
+        # One conversion each, not one per row.
+        host = self._host[: len(self._copied)].tolist()
+        prompts = self.req_states.prompt_len.np[ctx.idx_mapping_np].tolist()
+        slots, new_tokens = self.slots, self._new_tokens
         updates = []
-        self._live = set()
+        live = self._live = set()
         for row, slot in enumerate(batch):
-            state = self.slots.get(slot)
+            state = slots.get(slot)
             if state is not None:
-                updates.append((row, state, self._new_tokens(slot, state, host)))
-                self._live.add(slot)
+                updates.append((row, state, new_tokens(slot, state, host, prompts[row])))
+                live.add(slot)
         return self.core.step(logits, updates)

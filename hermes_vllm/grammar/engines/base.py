@@ -102,6 +102,13 @@ class EngineMatcher(ABC):
     def can_end(self) -> bool:
         """True when the output accepted so far is a complete output of the grammar."""
 
+    @property
+    def batchable(self) -> Any:
+        """The xgrammar ``GrammarMatcher`` this matcher forwards every call to, for its whole life,
+        or None: a step may then accept its tokens and fill its masks in one batched call with
+        other rows' (``xgrammar.BatchGrammarMatcher``), with no Python per row."""
+        return None
+
 
 class EngineGrammar(ABC):
     """A turn grammar compiled for one vocabulary."""
