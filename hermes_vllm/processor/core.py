@@ -656,8 +656,6 @@ class ConstraintCore:
         if matcher is None:
             return False
         self._lengthen(state, token)
-        if state.gate.on and state.budget is not None:
-            state.gate.read_all_from(state.budget.watch_from)
         if not matcher.accept_token(token):
             self._fail(state, f"sampled token {token} is outside the grammar", self.log_refusals)
         else:
@@ -701,13 +699,14 @@ class ConstraintCore:
         return matcher
 
     def _lengthen(self, state: RowState, token: int) -> None:
-        """Follow a token :meth:`_lengthens` let through, all but the engine's matcher and the
-        gate's ``quiet_until``."""
+        """Follow a token :meth:`_lengthens` let through, all but the engine's matcher."""
         gate = state.gate
         gate.follower.text += self.compiler.vocab.latin1[token]
         state.consumed += 1
         if gate.on:
             gate.pending.append(token)
+            if state.budget is not None:
+                gate.read_all_from(state.budget.watch_from)
         gate.quiet = False  # the engine runs: what settling after a step gives
 
     def _lane(self, state: RowState, token: int) -> Any:
@@ -717,10 +716,7 @@ class ConstraintCore:
         followed and planned here, its matcher counts the token, and its xgrammar matcher is
         returned: the step accepts the lane's tokens and fills their masks in one batched call
         each, every lane row's decision being :attr:`Fill.ENGINE` (no stop string is watched:
-        ``_lengthens`` lets none through). None, with nothing done, otherwise.
-
-        The gate's ``quiet_until`` is left as it is: it is read only once the row is out of its
-        call, which only :meth:`advance` takes it, and sets it."""
+        ``_lengthens`` lets none through). None, with nothing done, otherwise."""
         matcher = self._lengthens(state, token)
         if matcher is None or matcher.batchable is None or token in state.stop_ids:
             return None
