@@ -130,6 +130,20 @@ def test_compile_agent_scale_runs(tmp_path: Path) -> None:
     )
 
 
+def test_compile_against_raw_xgrammar_runs(tmp_path: Path) -> None:
+    """Each set's cold compile is split into xgrammar's share and the rest, compiled by raw
+    xgrammar as vLLM builds it too (``--peer``), and the engine's hit on it timed."""
+    out = tmp_path / "compile.json"
+    run(
+        "compile.py", "--engines", "xgrammar", "--tokenizers", "mistral-v1", "--limit", "3", "--peer", out=out
+    )
+    (row,) = json.loads(out.read_text())["runs"]
+    raw = row["against_raw_xgrammar"]
+    assert raw["sets"] == row["compiled"] and raw["peer_sets"] >= 1
+    assert 0 < raw["xgrammar_share_ms"]["p50"] <= raw["cold_ms"]["p50"] and raw["peer_ms"]["p50"] > 0
+    assert row["hit_us"]["n"] > 0 and row["first_admission_us"]["n"] == row["compiled"]
+
+
 def test_budget_cache_trace_runs(tmp_path: Path) -> None:
     run("budget.py", "--cache", out=tmp_path)
     cache = json.loads((tmp_path / "budget-cache.json").read_text())["cache"]

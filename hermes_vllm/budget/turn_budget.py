@@ -291,20 +291,25 @@ class TurnBudget:
         tail = self.follower.tail
         span = tail.open
         if span is not None and span.kind == "call":
-            # Inside a call, far from the alert window: nothing to steer, no call to refuse.
-            close = self.close
-            if not close or (left > self.reserve and left > self.alert):
-                return NOTHING
-            return self._plan_call(left)
+            return NOTHING if self.calm_in_call(consumed) else self._plan_call(left)
         if tail.begun == "call":
             return self._plan_call(left)
         if span is not None:
             return self._plan_span(left)
         return self._plan_free(left)
 
+    def calm_in_call(self, consumed: int) -> bool:
+        """Inside a call, nothing being forced: whether the budget demands nothing of the token
+        after ``consumed`` ones (the call is far from the alert window, or cut calls are left to
+        be cut): nothing to steer, no call to refuse. A step asks this alone of a row whose
+        tokens only lengthen its call."""
+        left = self.max_tokens - consumed
+        return not self.close or (left > self.reserve and left > self.alert)
+
     def skip_plan(self, consumed: int) -> None:
-        """Count position ``consumed`` as planned without planning it: a draft path that is
-        restored afterwards, where what the position's fill would force does not matter."""
+        """Count position ``consumed`` as planned without planning it: where the plan is known to
+        be nothing (:meth:`calm_in_call`), or on a draft path that is restored afterwards, where
+        what the position's fill would force does not matter."""
         self.progress.planned = consumed
 
     def _plan_call(self, left: int) -> Plan:

@@ -167,6 +167,11 @@ class ToolCallMatcher:
         self.accepted = 0
         """Tokens accepted, net of rollbacks: a snapshot of a row records it, and restoring the
         snapshot rolls the matcher back by the difference (engines cannot copy a matcher)."""
+        self.batchable = self._inner.batchable if gate is None and unique is None else None
+        """The engine's xgrammar matcher where this one adds nothing to it (no gate, no
+        uniqueness guard: its engine matcher is then never replaced), else None: a step may
+        accept and fill through it in batch (:attr:`EngineMatcher.batchable`), counting
+        :attr:`accepted` itself."""
 
     def accept_token(self, token_id: int) -> bool:
         unique = self._unique

@@ -51,6 +51,7 @@ from hermes_vllm.grammar.compiler import (
 )
 from hermes_vllm.grammar.engines import get_engine_class
 from hermes_vllm.grammar.engines.base import EngineGrammar, allocate_bitmask, token_allowed
+from hermes_vllm.grammar.engines.xgrammar import batch_accept, batch_fill
 from hermes_vllm.grammar.turn import TurnSpec
 from hermes_vllm.memo import memoize_small
 from hermes_vllm.metrics import Refusal, record_step
@@ -649,13 +650,26 @@ class ConstraintCore:
 
     def _lengthen_call(self, state: RowState, token: int) -> bool:
         """Advance a row inside a call by one token that only lengthens the call's text, in O(1);
-        False, with nothing done, where the token needs :meth:`advance`'s full reading.
+        False, with nothing done, where the token needs :meth:`advance`'s full reading
+        (:meth:`_lengthens`)."""
+        matcher = self._lengthens(state, token)
+        if matcher is None:
+            return False
+        self._lengthen(state, token)
+        if not matcher.accept_token(token):
+            self._fail(state, f"sampled token {token} is outside the grammar", self.log_refusals)
+        else:
+            state.engine.ended = matcher.is_terminated()
+        return True
+
+    def _lengthens(self, state: RowState, token: int) -> ToolCallMatcher | None:
+        """The row's matcher where ``token`` only lengthens the call the row is inside, else None.
 
         Inside a call, with nothing forced, at a character boundary, and no stop string or tag
         watched in the recent text, a token of whole characters without the closing tag's first byte changes
         only the call's text, the engine's matcher and the tokens held for it: the budget counts
         no span token, the follower reads no tail, the gate keeps its watch. Taking that path
-        here skips the follower's, the budget's and the gate's general readings of every token
+        skips the follower's, the budget's and the gate's general readings of every token
         (most tokens of a call: its keys, values, punctuation), with the same result.
         """
         engine = state.engine
@@ -663,37 +677,57 @@ class ConstraintCore:
         gate = state.gate
         budget = state.budget
         if matcher is None or engine.paused is not None or (budget is None and not gate.on):
-            return False
+            return None
         follower = gate.follower
         tail = follower.tail
         span = tail.open
         if span is None or span.kind != "call" or tail.end_begun or follower.reach:
-            return False
+            return None
         if budget is not None:
             progress = budget.progress
             if progress.forcing or progress.utf8 or progress.planned != state.consumed:
-                return False
+                return None
         latin1 = self.compiler.vocab.latin1
         if not 0 <= token < len(latin1):
-            return False
+            return None
         piece = latin1[token]
         assert span.tags is not None
         if span.tags.end[0] in piece or (not piece.isascii() and utf8_need(0, piece)):
-            return False
+            return None
         if gate.on and (not gate.watch or self._watch_array(gate.watch)[token]):
-            return False
-        follower.text += piece
+            return None
+        return matcher
+
+    def _lengthen(self, state: RowState, token: int) -> None:
+        """Follow a token :meth:`_lengthens` let through, all but the engine's matcher."""
+        gate = state.gate
+        gate.follower.text += self.compiler.vocab.latin1[token]
         state.consumed += 1
         if gate.on:
             gate.pending.append(token)
-            if budget is not None:
-                gate.read_all_from(budget.watch_from)
+            if state.budget is not None:
+                gate.read_all_from(state.budget.watch_from)
         gate.quiet = False  # the engine runs: what settling after a step gives
-        if not matcher.accept_token(token):
-            self._fail(state, f"sampled token {token} is outside the grammar", self.log_refusals)
-        else:
-            engine.ended = matcher.is_terminated()
-        return True
+
+    def _lane(self, state: RowState, token: int) -> Any:
+        """A step's cheapest path (the *call lane*): where ``token`` only lengthens the row's call
+        (:meth:`_lengthens`), its matcher is plain xgrammar (:attr:`ToolCallMatcher.batchable`),
+        the token is no stop token, and the budget demands nothing of the next token, the row is
+        followed and planned here, its matcher counts the token, and its xgrammar matcher is
+        returned: the step accepts the lane's tokens and fills their masks in one batched call
+        each, every lane row's decision being :attr:`Fill.ENGINE` (no stop string is watched:
+        ``_lengthens`` lets none through). None, with nothing done, otherwise."""
+        matcher = self._lengthens(state, token)
+        if matcher is None or matcher.batchable is None or token in state.stop_ids:
+            return None
+        budget = state.budget
+        if budget is not None and not budget.calm_in_call(state.consumed + 1):
+            return None
+        self._lengthen(state, token)
+        if budget is not None:
+            budget.skip_plan(state.consumed)  # planned: the budget demands nothing there
+        matcher.accepted += 1  # the batch accepts it; a row it refuses fails, matcher and all
+        return matcher.batchable
 
     def start_engine(self, state: RowState) -> None:
         """Build an engine-only row's matcher now, its grammar compiled (its first fill would:
@@ -830,15 +864,33 @@ class ConstraintCore:
         quiet_rows: list[int] = []
         quiet_states: list[RowState] = []
         quiet_tokens: list[int] = []
+        lane_rows: list[int] = []
+        lane_states: list[RowState] = []
+        lane_matchers: list[Any] = []
+        lane_tokens: list[int] = []
         active: list[tuple[int, RowState]] = []
         for row, state, tokens in updates:
             if state.gate.quiet and len(tokens) == 1 and state.consumed < state.gate.quiet_until:
                 quiet_rows.append(row)
                 quiet_states.append(state)
                 quiet_tokens.append(tokens[0])
+            elif len(tokens) == 1 and (lane := self._lane(state, tokens[0])) is not None:
+                lane_rows.append(row)
+                lane_states.append(state)
+                lane_matchers.append(lane)
+                lane_tokens.append(tokens[0])
             else:
                 self.advance(state, tokens)
                 active.append((row, state))
+        if lane_matchers:
+            accepted = batch_accept(lane_matchers, lane_tokens)
+            if not all(accepted):  # a refused token fails its row, which leaves the lane
+                for i in [i for i, ok in enumerate(accepted) if not ok]:
+                    message = f"sampled token {lane_tokens[i]} is outside the grammar"
+                    self._fail(lane_states[i], message, self.log_refusals)
+                    active.append((lane_rows[i], lane_states[i]))
+                lane_rows = [r for r, ok in zip(lane_rows, accepted, strict=True) if ok]
+                lane_matchers = [m for m, ok in zip(lane_matchers, accepted, strict=True) if ok]
         if quiet_states:
             assert self._quiet_holds is not None
             holds = self._quiet_holds
@@ -851,15 +903,21 @@ class ConstraintCore:
                 state.consumed -= 1
                 self.advance(state, (quiet_tokens[i],))
                 active.append((quiet_rows[i], state))
-        masked = self.mask(logits, active)
+        masked = self.mask(logits, active, (lane_rows, lane_matchers))
         if updates:
             record_step(len(updates), time.perf_counter() - start)
         return masked
 
-    def mask(self, logits: torch.Tensor, rows: Sequence[tuple[int, RowState]]) -> torch.Tensor:
-        """Fill the step's bitmask for ``(logits_row, state)`` pairs and apply it in place."""
+    def mask(
+        self,
+        logits: torch.Tensor,
+        rows: Sequence[tuple[int, RowState]],
+        lane: tuple[list[int], list[Any]] = ([], []),
+    ) -> torch.Tensor:
+        """Fill the step's bitmask for ``(logits_row, state)`` pairs (and the call lane's rows:
+        :meth:`fill`) and apply it in place."""
         on_cpu = logits.device.type == "cpu"
-        masked, sparse = self.fill(rows, logits.shape[1], sparse_ok=on_cpu)
+        masked, sparse = self.fill(rows, logits.shape[1], sparse_ok=on_cpu, lane=lane)
         if masked:
             bitmask = self.bitmask[: max(masked) + 1]
             if not on_cpu:
@@ -875,14 +933,21 @@ class ConstraintCore:
         width: int,
         sparse_ok: bool = False,
         bitmask: torch.Tensor | None = None,
+        lane: tuple[list[int], list[Any]] = ([], []),
     ) -> tuple[list[int], list[tuple[int, torch.Tensor]]]:
-        """Fill ``bitmask`` (the core's own where not given) for ``(logits_row, state)`` pairs;
-        return the rows to mask and, where ``sparse_ok``, the ``(row, banned tokens)`` of paused
-        rows that ban only a few."""
+        """Fill ``bitmask`` (the core's own where not given) for ``(logits_row, state)`` pairs,
+        and for the call lane's logits rows and xgrammar matchers (:meth:`_lane`: decided
+        :attr:`Fill.ENGINE`, filled in one batch); return the rows to mask and, where
+        ``sparse_ok``, the ``(row, banned tokens)`` of paused rows that ban only a few."""
+        lane_rows, lane_matchers = lane
         if bitmask is None:
-            self._ensure_bitmask(max((r for r, _ in rows), default=0) + 1, width)
+            last = max(max((r for r, _ in rows), default=0), max(lane_rows, default=0))
+            self._ensure_bitmask(last + 1, width)
             bitmask = self.bitmask
         masked: list[int] = []
+        if lane_rows:
+            batch_fill(lane_matchers, bitmask, lane_rows)
+            masked += lane_rows
         sparse: list[tuple[int, torch.Tensor]] = []
         engine_rows: list[tuple[int, ToolCallMatcher]] = []
         for row, state in rows:

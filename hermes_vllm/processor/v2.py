@@ -74,6 +74,11 @@ class ToolCallLogitsProcessor(V2LogitsProcessor, step_hook.BeforeForward):  # ty
         pin = self.device.type == "cuda"
         self._host = torch.zeros((req_states.max_num_reqs, 1 + _WINDOW), dtype=torch.int32, pin_memory=pin)
         self._copied: dict[int, int] = {}
+        self._slots: list[int] = []
+        """The slots of the last gather, in order, and their index on the device (a column)."""
+        self._index = torch.zeros((0, 1), dtype=torch.long, device=self.device)
+        self._back = torch.arange(_WINDOW, 0, -1, device=self.device)
+        """How far back each copied token lies from a slot's end."""
         self._fresh = False
         """Whether ``_host`` holds a copy no ``apply()`` has used yet (made after the last sample)."""
         self._event: torch.cuda.Event | None = None
@@ -132,30 +137,35 @@ class ToolCallLogitsProcessor(V2LogitsProcessor, step_hook.BeforeForward):  # ty
                 self.core.advance(self.slots[slot], tokens[slot, start:end].tolist())
         slots = sorted((live | self._resumed) & self.slots.keys())
         self._resumed.clear()
-        self._copied = {slot: i for i, slot in enumerate(slots)}
         self._fresh = True
         self._event = None
+        if slots != self._slots:  # most steps gather the same slots as the last: kept
+            self._slots = slots
+            self._copied = {slot: i for i, slot in enumerate(slots)}
+            self._index = (
+                torch.tensor(slots, dtype=torch.long).to(self.device, non_blocking=True).unsqueeze(1)
+            )
         if not slots:
             return
-        index = torch.tensor(slots, dtype=torch.long).to(self.device, non_blocking=True)
+        index = self._index
         total = self.req_states.total_len.gpu[index].long()
-        positions = (total.unsqueeze(1) - torch.arange(_WINDOW, 0, -1, device=self.device)).clamp_(min=0)
-        window = tokens[index.unsqueeze(1), positions]
-        packed = torch.cat([total.unsqueeze(1).to(window.dtype), window], dim=1)
+        positions = (total - self._back).clamp_(min=0)
+        window = tokens[index, positions]
+        packed = torch.cat([total.to(window.dtype), window], dim=1)
         self._host[: len(slots)].copy_(packed, non_blocking=True)
         if self.device.type == "cuda":
             self._event = torch.cuda.Event()
             self._event.record()
 
-    def _new_tokens(self, slot: int, state: RowState, host: list[list[int]]) -> list[int]:
-        """The slot's tokens since the last step, from ``host`` (this step's copy, as lists).
+    def _new_tokens(self, slot: int, state: RowState, host: list[list[int]], prompt: int) -> list[int]:
+        """The slot's tokens since the last step, from ``host`` (this step's copy, as lists), its
+        prompt being ``prompt`` tokens long.
 
         A slot missing from the copy sat out the previous step (the scheduler ran out of token
         budget for it): its length is read from the device, a blocking read that is rare.
         """
         i = self._copied.get(slot)
         total = host[i][0] if i is not None else int(self.req_states.total_len.gpu[slot])
-        prompt = int(self.req_states.prompt_len.np[slot])
         fresh = total - prompt - state.consumed
         if fresh <= 0:
             return []
@@ -175,12 +185,15 @@ class ToolCallLogitsProcessor(V2LogitsProcessor, step_hook.BeforeForward):  # ty
         self._fresh = False
         if self._event is not None:
             self._event.synchronize()
-        host = self._host[: len(self._copied)].tolist()  # one conversion, not one per row
+        # One conversion each, not one per row.
+        host = self._host[: len(self._copied)].tolist()
+        prompts = self.req_states.prompt_len.np[ctx.idx_mapping_np].tolist()
+        slots, new_tokens = self.slots, self._new_tokens
         updates = []
-        self._live = set()
+        live = self._live = set()
         for row, slot in enumerate(batch):
-            state = self.slots.get(slot)
+            state = slots.get(slot)
             if state is not None:
-                updates.append((row, state, self._new_tokens(slot, state, host)))
-                self._live.add(slot)
+                updates.append((row, state, new_tokens(slot, state, host, prompts[row])))
+                live.add(slot)
         return self.core.step(logits, updates)

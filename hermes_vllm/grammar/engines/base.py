@@ -107,6 +107,13 @@ class EngineMatcher(ABC):
         their results mean the same (one call less a token, for a caller on a hot path)."""
         return self.accept_token, self.fill_bitmask
 
+    @property
+    def batchable(self) -> Any:
+        """The xgrammar ``GrammarMatcher`` this matcher forwards every call to, for its whole life,
+        or None: a step may then accept its tokens and fill its masks in one batched call with
+        other rows' (``xgrammar.BatchGrammarMatcher``), with no Python per row."""
+        return None
+
 
 class EngineGrammar(ABC):
     """A turn grammar compiled for one vocabulary."""

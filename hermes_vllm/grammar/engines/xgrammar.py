@@ -22,6 +22,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
+from functools import cache
 from typing import Any
 
 import torch
@@ -325,6 +326,10 @@ class XGrammarMatcher(EngineMatcher):
     def direct(self) -> tuple[Callable[[int], bool], Callable[[torch.Tensor, int], bool]]:
         return self.inner.accept_token, self.inner.fill_next_token_bitmask
 
+    @property
+    def batchable(self) -> xgr.GrammarMatcher:
+        return self.inner
+
 
 class XGrammarGrammar(EngineGrammar):
     def __init__(self, compiled: xgr.CompiledGrammar) -> None:
@@ -395,9 +400,6 @@ class XGrammarEngine(GrammarEngine):
             cache_enabled=limits.xgrammar_cache_bytes > 0,
             cache_limit_bytes=max(1, limits.xgrammar_cache_bytes // XGRAMMAR_CACHE_UNDERCOUNT),
         )
-        # As many fill threads as vLLM's own bitmask pool (half the CPUs, 1 to 8): at least two
-        # cost more CPU than one on a two-core host for the same masks (benchmarks/README.md).
-        self._batch = xgr.BatchGrammarMatcher(max_threads=max(1, min((os.cpu_count() or 2) // 2, 8)))
         self._heads: dict[tuple[str, str, bool, int], xgr.CompiledGrammar] = {}
         """The composed matcher's head grammars: a few per dialect, shared by every tool set."""
         self._tools: GrammarCache[xgr.CompiledGrammar] = GrammarCache(
@@ -464,4 +466,23 @@ class XGrammarEngine(GrammarEngine):
         if inner is None:
             super().fill_bitmasks(matchers, bitmask, rows)
             return
-        self._batch.batch_fill_next_token_bitmask(inner, bitmask, list(rows))
+        batch_fill(inner, bitmask, list(rows))
+
+
+@cache
+def _fill_pool() -> xgr.BatchGrammarMatcher:
+    """The process's one batch filler, with as many threads as vLLM's own bitmask pool (half the
+    CPUs, 1 to 8): at least two cost more CPU than one on a two-core host for the same masks
+    (benchmarks/README.md)."""
+    return xgr.BatchGrammarMatcher(max_threads=max(1, min((os.cpu_count() or 2) // 2, 8)))
+
+
+def batch_fill(matchers: list[xgr.GrammarMatcher], bitmask: torch.Tensor, rows: list[int]) -> None:
+    """Fill ``bitmask[rows[i]]`` from ``matchers[i]``, all in one call (on the fill pool's threads)."""
+    _fill_pool().batch_fill_next_token_bitmask(matchers, bitmask, rows)
+
+
+def batch_accept(matchers: list[xgr.GrammarMatcher], tokens: list[int]) -> list[bool]:
+    """``matchers[i].accept_token(tokens[i])`` for every i, in one call: whether each accepted."""
+    accepted: list[bool] = xgr.BatchGrammarMatcher.batch_accept_token(matchers, tokens)
+    return accepted
