@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from hermes_vllm.dialect import Dialect, TagPair, get_dialect
 
@@ -127,21 +127,50 @@ def split_spans(text: str, dialect: str | Dialect = "hermes", *, strict: bool = 
     ``strict``: a call is closed only by its balanced payload and the closing tag (what the grammar
     admits), never by a closing tag inside an unfinished payload; for text still being written.
     """
-    d = get_dialect(dialect)
+    found = _bounds(text, get_dialect(dialect), strict)
+    return [Span(kind, start, end, text[lo:hi], shut, tags) for kind, start, end, lo, hi, shut, tags in found]
+
+
+_Bounds = tuple[SpanKind, int, int, int, int, bool, TagPair | None]
+"""A span as :func:`_bounds` finds it: kind, start, end, its body's start and end, closed, tags."""
+
+_OPENERS: dict[int, tuple[Dialect, list[tuple[str, SpanKind, TagPair]]]] = {}
+"""Each dialect's opening tags (by the dialect's id, the dialect kept so that the id stays its)."""
+
+
+def _openers(d: Dialect) -> list[tuple[str, SpanKind, TagPair]]:
+    """The tags that open a span in ``d``'s text, with the span's kind (read once a dialect: the
+    follower reads a row's tail at every tag token)."""
+    known = _OPENERS.get(id(d))
+    if known is not None and known[0] is d:
+        return known[1]
     openers: list[tuple[str, SpanKind, TagPair]] = [(d.tool_call.begin, "call", d.tool_call)]
     openers += [(p.begin, "reasoning", p) for p in d.reasoning]
     openers += [(p.begin, "hidden", p) for p in d.hidden]
-    spans: list[Span] = []
+    _OPENERS[id(d)] = (d, openers)
+    return openers
+
+
+def _bounds(text: str, d: Dialect, strict: bool) -> list[_Bounds]:
+    """:func:`split_spans`'s spans as tuples, no body copied: :func:`read_tail` builds a
+    :class:`Span` only for the span the text ends inside."""
+    openers = _openers(d)
+    spans: list[_Bounds] = []
     pos = 0
     text_start = 0
     n = len(text)
     while pos < n:
-        found = [(at, kind, pair) for begin, kind, pair in openers if (at := text.find(begin, pos)) != -1]
-        if not found:
+        # The first opening tag, the longest where two begin at the same place.
+        best: tuple[int, int, SpanKind, TagPair] | None = None
+        for begin, kind, pair in openers:
+            at = text.find(begin, pos)
+            if at != -1 and (best is None or (at, -len(begin)) < (best[0], best[1])):
+                best = (at, -len(begin), kind, pair)
+        if best is None:
             break
-        at, kind, pair = min(found, key=lambda f: (f[0], -len(f[2].begin)))
+        at, _, kind, pair = best
         if at > text_start:
-            spans.append(Span("text", text_start, at, text[text_start:at]))
+            spans.append(("text", text_start, at, text_start, at, True, None))
         body_start = at + len(pair.begin)
         if kind == "call":
             bounds = _call_end(text, body_start, pair.end, strict)
@@ -149,12 +178,12 @@ def split_spans(text: str, dialect: str | Dialect = "hermes", *, strict: bool = 
             tag_at = text.find(pair.end, body_start)
             bounds = None if tag_at == -1 else (tag_at, tag_at + len(pair.end))
         if bounds is None:
-            spans.append(Span(kind, at, n, text[body_start:], closed=False, tags=pair))
+            spans.append((kind, at, n, body_start, n, False, pair))
             return spans
-        spans.append(Span(kind, at, bounds[1], text[body_start : bounds[0]], tags=pair))
+        spans.append((kind, at, bounds[1], body_start, bounds[0], True, pair))
         pos = text_start = bounds[1]
     if text_start < n:
-        spans.append(Span("text", text_start, n, text[text_start:]))
+        spans.append(("text", text_start, n, text_start, n, True, None))
     return spans
 
 
@@ -178,9 +207,11 @@ def partial_tag_suffix(text: str, tags: tuple[str, ...]) -> int:
     return best
 
 
-@dataclass(frozen=True)
-class Tail:
-    """How a text ends, as far as the tool-call grammar cares: what the span gates read."""
+class Tail(NamedTuple):
+    """How a text ends, as far as the tool-call grammar cares: what the span gates read.
+
+    A named tuple, not a dataclass: the follower builds one at every token that can change it,
+    and a frozen dataclass's construction costs several times a tuple's."""
 
     open: Span | None
     """The span the text ends inside (its closing tag not yet written), if any."""
@@ -199,12 +230,13 @@ class Tail:
 
 def read_tail(text: str, dialect: Dialect) -> Tail:
     """Where ``text`` (a turn, or its part since a clean point) stands; see :class:`Tail`."""
-    spans = split_spans(text, dialect, strict=True)
-    last = spans[-1] if spans else None
-    calls = sum(s.kind == "call" for s in spans)
-    if last is not None and not last.closed:
-        assert last.tags is not None
-        return Tail(last, None, calls, bool(partial_tag_suffix(text, (last.tags.end,))))
+    spans = _bounds(text, dialect, True)
+    calls = sum(s[0] == "call" for s in spans)
+    if spans and not spans[-1][5]:
+        kind, start, end, body_start, _, _, pair = spans[-1]
+        assert pair is not None
+        last = Span(kind, start, end, text[body_start:], closed=False, tags=pair)
+        return Tail(last, None, calls, bool(partial_tag_suffix(text, (pair.end,))))
     if partial_tag_suffix(text, (dialect.tool_call.begin,)):
         return Tail(None, "call", calls, False)
     if partial_tag_suffix(text, tuple(p.begin for p in dialect.free_spans)):
