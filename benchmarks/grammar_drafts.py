@@ -106,10 +106,10 @@ def measure(
         assert isinstance(text, str)
         return text
 
-    if questions:  # the items whose prompt leaves room for the reply in the engine's context
-        room = llm.llm_engine.model_config.max_model_len - max_tokens
-        fits = [i for i in range(len(sets)) if len(tokenizer.encode(prompt(i))) <= room]
-        sets, questions = [sets[i] for i in fits], [questions[i] for i in fits]
+    # The tool sets whose prompt leaves room for the reply in the engine's context.
+    room = llm.llm_engine.model_config.max_model_len - max_tokens
+    fits = [i for i in range(len(sets)) if len(tokenizer.encode(prompt(i))) <= room]
+    sets, questions = [sets[i] for i in fits], [questions[i] for i in fits] if questions else []
 
     def params(kind: str, tools: list[dict[str, Any]], choice: Any) -> SamplingParams:
         common: dict[str, Any] = {"temperature": 0.0, "max_tokens": max_tokens}
