@@ -323,3 +323,20 @@ def test_a_samplers_marks_belong_to_the_vocabulary_not_to_a_core(tokenizer: Any)
     hermes = get_dialect("hermes")
     assert _marks_for(first, hermes) is _marks_for(second, hermes)
     assert _marks_for(first, hermes).length.size == len(first.compiler.vocab.latin1)
+
+
+def test_a_reasoning_span_closed_by_its_tag_in_pieces_is_counted_up_to_the_tag(tiny_model_131k: Any) -> None:
+    """A random model may close ``<think>`` with ``</`` ``think`` ``>``: the text (and the reasoning
+    parser, and the processor) end the span there, so the count a test holds usage to must too,
+    not run on to a later ``</think>`` token (a server test once failed on that)."""
+    from transformers import AutoTokenizer
+
+    from hermes_vllm.testing.adversary import span_token_counts
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_131k))
+    begin, end = tokenizer.convert_tokens_to_ids(["<think>", "</think>"])
+    body = tokenizer.encode("hello world again", add_special_tokens=False)
+    tag = [t for part in ("</", "think", ">") for t in tokenizer.encode(part, add_special_tokens=False)]
+    assert tokenizer.decode(tag) == "</think>" and end not in tag
+    assert span_token_counts([begin, *body, *tag, *body, end], tokenizer) == [len(body)]
+    assert span_token_counts([begin, *body, end, *body], tokenizer) == [len(body)]

@@ -47,6 +47,7 @@ import torch
 
 from hermes_vllm import constraint_args
 from hermes_vllm.budget import CallCompleter, as_latin1
+from hermes_vllm.budget.served import served_vocabulary
 from hermes_vllm.dialect import Dialect
 from hermes_vllm.processor.core import ConstraintCore, RowState
 from hermes_vllm.schema import normalize_tools
@@ -578,16 +579,30 @@ def _judge(
 
 
 def span_token_counts(token_ids: Sequence[int], tokenizer: Any) -> list[int]:
-    """Tokens inside each ``<think>`` span, counted between the tags' own tokens."""
+    """Tokens inside each span the ``<think>`` token opens, up to its closing tag: the
+    ``</think>`` token, or the tag spelled in several tokens, as the text reads (the processor and
+    the reasoning parser read text; a model may write ``</`` ``think`` ``>``). Where the spelled
+    tag begins inside a token, that token is not counted: a lower bound of what the text holds."""
     begin, end = tokenizer.convert_tokens_to_ids(["<think>", "</think>"])
+    pieces = served_vocabulary(tokenizer).vocab.latin1  # each token's own bytes, as the parser reads them
     counts: list[int] = []
     inside = False
+    text = ""
+    ends: list[int] = []
     for token in token_ids:
-        if token == begin and not inside:
-            inside = True
-            counts.append(0)
-        elif token == end and inside:
+        if not inside:
+            if token == begin:
+                inside, text, ends = True, "", []
+                counts.append(0)
+        elif token == end:
             inside = False
-        elif inside:
-            counts[-1] += 1
+        else:
+            text += pieces[token] if 0 <= token < len(pieces) else ""
+            tag = text.find("</think>")
+            if tag >= 0:  # closed by the tag in pieces: count the tokens wholly before it
+                inside = False
+                counts[-1] = sum(1 for e in ends if e <= tag)
+            else:
+                ends.append(len(text))
+                counts[-1] += 1
     return counts
