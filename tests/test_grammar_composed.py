@@ -186,8 +186,8 @@ def test_the_engine_sorts_its_vocabulary_ahead_of_a_first_many_tool_request(tiny
     import threading
 
     from hermes_vllm.grammar.engines import composed
-    from hermes_vllm.grammar.engines.base import Vocabulary
     from hermes_vllm.grammar.engines.xgrammar import XGrammarEngine
+    from hermes_vllm.vocabulary import Vocabulary
 
     vocab = Vocabulary.from_tokenizer(_tokenizer(tiny_model_131k))
     composed._SORTED.pop(vocab.fingerprint, None)

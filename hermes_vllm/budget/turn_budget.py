@@ -30,12 +30,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hermes_vllm.budget.completer import AnswerCompleter, CallCompleter
-from hermes_vllm.budget.speller import Speller, as_latin1, finish_character
+from hermes_vllm.budget.speller import Speller
 from hermes_vllm.dialect import Dialect
-from hermes_vllm.grammar.compiler import utf8_need
-from hermes_vllm.grammar.turn import MARK as MARK
+from hermes_vllm.latin1 import as_latin1, finish_character, utf8_need
 from hermes_vllm.metrics import BUDGET_ACTIONS, events
 from hermes_vllm.spans import Tail, TextFollower, partial_tag_suffix
+from hermes_vllm.turn import MARK as MARK
 
 _SPLIT_WINDOW = 4
 """Tokens before a span's budget is spent from which no character may be left split (a split one

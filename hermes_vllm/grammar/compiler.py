@@ -22,12 +22,12 @@ from hermes_vllm.grammar.engines.base import (
     EngineGrammar,
     EngineMatcher,
     GrammarEngine,
-    Vocabulary,
     allocate_bitmask,
     token_allowed,
 )
-from hermes_vllm.grammar.turn import ANSWER_NAME, TurnSpec, turn_spec
+from hermes_vllm.grammar.turn import turn_spec
 from hermes_vllm.grammar.unique import UniqueGuard
+from hermes_vllm.latin1 import utf8_need
 from hermes_vllm.memo import memoize_small
 from hermes_vllm.metrics import CACHE_HITS, CACHE_MISSES, COMPILE_SECONDS
 from hermes_vllm.schema import (
@@ -42,6 +42,8 @@ from hermes_vllm.schema import (
 from hermes_vllm.schema.unique import refuse_kept_unique
 from hermes_vllm.settings import Limits, get_limits
 from hermes_vllm.spans import TextFollower
+from hermes_vllm.turn import ANSWER_NAME, TurnSpec
+from hermes_vllm.vocabulary import Vocabulary
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +72,7 @@ class PreparedTurn:
     """The request's tools no call can satisfy, left out of the grammar (and of the budgets)."""
 
 
-def prepare_turn(
+def _prepare_turn(
     tools: Sequence[Any] | None,
     tool_choice: Any,
     parallel_tool_calls: bool,
@@ -123,14 +125,14 @@ def prepare_turn(
 def prepare_constraint(
     request: ConstraintRequest, engine: type[GrammarEngine], limits: Limits, *, admitted: bool = False
 ) -> PreparedTurn:
-    """:func:`prepare_turn` of a request's decoded constraint, memoised by its JSON text.
+    """:func:`_prepare_turn` of a request's decoded constraint, memoised by its JSON text.
 
     The one memo of prepared turns, for the logits processor's admission and its frontend check,
     which both pass the constraint the request's ``extra_args`` were decoded into once. Agents
     resend the same tools with every turn, and preparing them again (normalising, rewriting,
     coverage) costs milliseconds for a large tool set.
     """
-    return prepare_turn(
+    return _prepare_turn(
         list(request.tools), request.tool_choice, request.parallel_tool_calls, request.dialect,
         request.coverage, engine, limits, admitted=admitted, answer=request.answer,
     )  # fmt: skip
@@ -273,17 +275,6 @@ class ToolCallMatcher:
             if unique is not None:
                 unique.feed(i)
         return self._inner.can_end()
-
-
-def utf8_need(need: int, data: str) -> int:
-    """Continuation bytes still missing after ``data`` (bytes as latin-1 chars), given ``need`` before."""
-    for ch in data:
-        byte = ord(ch)
-        if 0x80 <= byte < 0xC0:
-            need = max(need - 1, 0)
-        else:
-            need = 3 if byte >= 0xF0 else 2 if byte >= 0xE0 else 1 if byte >= 0xC0 else 0
-    return need
 
 
 @dataclass(frozen=True)
@@ -432,7 +423,7 @@ class ToolGrammarCompiler:
         the processor's path, which sees the same tool set turn after turn, goes through
         :func:`prepare_constraint` with the request it decoded once.
         """
-        return prepare_turn(
+        return _prepare_turn(
             tools, tool_choice, parallel_tool_calls, dialect or self.dialect, coverage or self.coverage,
             type(self.engine), self.limits, admitted=admitted,
         )  # fmt: skip

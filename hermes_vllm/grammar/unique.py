@@ -26,11 +26,12 @@ from typing import Any
 import numpy as np
 
 from hermes_vllm.dialect import Dialect
-from hermes_vllm.grammar.engines.base import EngineMatcher, Vocabulary, allocate_bitmask
+from hermes_vllm.grammar.engines.base import EngineMatcher, allocate_bitmask
 from hermes_vllm.schema.spec import JSON
 from hermes_vllm.schema.tree import resolve_ref
 from hermes_vllm.schema.unique import item_value, keeps_unique, kept_kind
 from hermes_vllm.spans import TextFollower
+from hermes_vllm.vocabulary import Vocabulary
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from hermes_vllm.budget import Speller, served_vocabulary
+from hermes_vllm.budget import Speller
 from hermes_vllm.constraint import ConstraintRequest, check_special_tags
 from hermes_vllm.grammar import GrammarCompileError
 from hermes_vllm.metrics import REQUESTS, TOOLS_LEFT_OUT, Refusal, events, mark_refused
@@ -25,6 +25,7 @@ from hermes_vllm.schema.coverage import UnsupportedKeywordError
 from hermes_vllm.schema.satisfiable import UnsatisfiableToolError
 from hermes_vllm.schema.spec import ToolSchemaError
 from hermes_vllm.settings import get_limits
+from hermes_vllm.vocabulary import served_vocabulary
 
 if TYPE_CHECKING:
     from vllm.sampling_params import SamplingParams

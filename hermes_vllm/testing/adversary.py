@@ -46,12 +46,13 @@ import numpy as np
 import torch
 
 from hermes_vllm import constraint_args
-from hermes_vllm.budget import CallCompleter, as_latin1
-from hermes_vllm.budget.served import served_vocabulary
+from hermes_vllm.budget import CallCompleter
 from hermes_vllm.dialect import Dialect
+from hermes_vllm.latin1 import as_latin1
 from hermes_vllm.processor.core import ConstraintCore, RowState
 from hermes_vllm.schema import normalize_tools
 from hermes_vllm.spans import Tail, read_tail, split_spans
+from hermes_vllm.vocabulary import served_vocabulary
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

@@ -34,10 +34,11 @@ import numpy as np
 import torch
 import xgrammar as xgr
 
-from hermes_vllm.grammar.engines.base import EngineGrammar, EngineMatcher, Vocabulary
+from hermes_vllm.grammar.engines.base import EngineGrammar, EngineMatcher
 from hermes_vllm.grammar.engines.head import MONOLITHIC, Node, SortedVocabulary, admitted, build_head, walk
-from hermes_vllm.grammar.turn import TurnSpec
 from hermes_vllm.spans import CallEndScanner, CallTagScanner
+from hermes_vllm.turn import TurnSpec
+from hermes_vllm.vocabulary import Vocabulary
 
 logger = logging.getLogger(__name__)
 

@@ -49,15 +49,16 @@ from hermes_vllm.grammar.engines.base import (
     EngineGrammar,
     EngineMatcher,
     GrammarEngine,
-    Vocabulary,
     set_token_allowed,
 )
-from hermes_vllm.grammar.turn import ANSWER_NAME, LEAD_WHITESPACE, MARK, TurnSpec, tag_initials
+from hermes_vllm.grammar.turn import LEAD_WHITESPACE, tag_initials
 from hermes_vllm.schema import ToolSchemaError, ToolSpec, canonical_value, iter_subschemas
 from hermes_vllm.schema.formats import formats_as_patterns
 from hermes_vllm.schema.names import as_pattern_properties
 from hermes_vllm.schema.spec import pointer
 from hermes_vllm.schema.unique import without_kept_unique
+from hermes_vllm.turn import ANSWER_NAME, MARK, TurnSpec
+from hermes_vllm.vocabulary import Vocabulary
 
 logger = logging.getLogger(__name__)
 

@@ -62,12 +62,13 @@ import torch
 from outlines_core.json_schema import build_regex_from_schema
 
 from hermes_vllm.grammar.engines.base import EngineGrammar, EngineMatcher, GrammarEngine, set_token_allowed
-from hermes_vllm.grammar.turn import LEAD_WHITESPACE, TurnSpec
+from hermes_vllm.grammar.turn import LEAD_WHITESPACE
 from hermes_vllm.schema import CONSTRAINING, ToolSpec, canonical_value, iter_subschemas
 from hermes_vllm.schema.formats import formats_as_patterns
 from hermes_vllm.schema.names import free_names
 from hermes_vllm.schema.spec import pointer
 from hermes_vllm.schema.unique import without_kept_unique
+from hermes_vllm.turn import TurnSpec
 
 logger = logging.getLogger(__name__)
 

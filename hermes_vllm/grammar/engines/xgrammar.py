@@ -29,7 +29,7 @@ import torch
 import xgrammar as xgr
 
 from hermes_vllm.grammar.cache import GrammarCache
-from hermes_vllm.grammar.engines.base import EngineGrammar, EngineMatcher, GrammarEngine, Vocabulary
+from hermes_vllm.grammar.engines.base import EngineGrammar, EngineMatcher, GrammarEngine
 from hermes_vllm.grammar.engines.composed import (
     PLACEHOLDER,
     ComposedGrammar,
@@ -47,13 +47,15 @@ from hermes_vllm.grammar.engines.ebnf import (
     rename,
     split_rules,
 )
-from hermes_vllm.grammar.turn import LEAD_WHITESPACE, MARK, TurnSpec, tag_initials
+from hermes_vllm.grammar.turn import LEAD_WHITESPACE, tag_initials
 from hermes_vllm.memo import memoize_small
 from hermes_vllm.schema import ToolSpec, canonical_json, canonical_value, iter_subschemas
 from hermes_vllm.schema.formats import formats_as_patterns
 from hermes_vllm.schema.regex import literal_characters, optional_groups_spelled_out
 from hermes_vllm.schema.spec import pointer
 from hermes_vllm.settings import get_limits
+from hermes_vllm.turn import MARK, TurnSpec
+from hermes_vllm.vocabulary import Vocabulary
 
 # Measured on the JSON-Schema-Test-Suite (benchmarks/soundness.py): xgrammar enforces these once
 # schema.make_explicit has spelled out types and defaults, and schema.uncovered_keywords refuses
