@@ -13,6 +13,23 @@ def as_latin1(text: str) -> str:
     return text.encode("utf-8").decode("latin-1")
 
 
+def as_text(data: str) -> str:
+    """The text ``data`` (bytes as latin-1 chars) spells, a split or invalid character read as
+    U+FFFD: how a row's bytes are read back as the JSON a client sees."""
+    return data.encode("latin-1").decode("utf-8", errors="replace")
+
+
+def whole_characters(data: bytes) -> int:
+    """Length of ``data``'s longest prefix that does not end inside a UTF-8 character."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if 0x80 <= byte < 0xC0:
+            continue
+        size = 4 if byte >= 0xF0 else 3 if byte >= 0xE0 else 2 if byte >= 0xC0 else 1
+        return len(data) if back >= size else len(data) - back
+    return len(data)
+
+
 def finish_character(text: str) -> str:
     """Continuation bytes (latin-1) that complete a character split at the end of ``text``,
     chosen so the character is valid UTF-8 (no overlong form, no surrogate)."""

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from support.soundness import tool
 
 from hermes_vllm.grammar import ToolGrammarCompiler, ToolSchemaError
-from hermes_vllm.grammar.compiler import GrammarCompileError
+from hermes_vllm.grammar.compiler import GATE_ROLLBACK, GrammarCompileError
 from hermes_vllm.grammar.engines import ENGINES, get_engine_class
 from hermes_vllm.grammar.engines.base import allocate_bitmask
 from hermes_vllm.grammar.engines.outlines import END, MAX_ITEMS_BOUND, OutlinesEngine, avoiding
@@ -631,3 +631,28 @@ def test_gated_matcher_masks_exactly_like_the_engine(engine: str, dialect: str, 
     assert not gated.accept_token(ids[0]) and not plain.accept_token(ids[0])
     assert skipped >= 8, "the test must go through clean points"
     assert refusals >= 8, "the test must offer refused tokens"
+
+
+def test_gated_matcher_keeps_a_bounded_window_and_rolls_back_across_it(tokenizer: Any) -> None:
+    """The gate keeps where it stood for the last ``GATE_ROLLBACK`` tokens only (its history once
+    grew with every token of a turn, and a rollback replayed all of it): a rollback across clean
+    points, a call and a split character within the window lands where the engine does; one
+    beyond it is refused, the matcher unchanged."""
+    compiled = compiler_for("xgrammar", tokenizer).compile([tool(PUT, "put")])
+    gated, plain = compiled.matcher(), compiled.matcher(gated=False)
+    a, b = allocate_bitmask(1, compiled.vocab.vocab_size), allocate_bitmask(1, compiled.vocab.vocab_size)
+    turn = "free text 你好 " * 60 + GATE_TURNS["hermes"]
+    ids = tokenizer.encode(turn, add_special_tokens=False)
+    assert len(ids) > GATE_ROLLBACK + 16, "the turn must outgrow the window"
+    for token in ids:
+        assert gated.accept_token(token) and plain.accept_token(token)
+    gated.rollback(GATE_ROLLBACK)
+    plain.rollback(GATE_ROLLBACK)
+    for token in ids[-GATE_ROLLBACK:]:
+        gated.fill_bitmask(a, 0)
+        plain.fill_bitmask(b, 0)
+        assert torch.equal(a, b) and gated.can_end() == plain.can_end()
+        assert gated.accept_token(token) and plain.accept_token(token)
+    with pytest.raises(ValueError, match="cannot roll back"):
+        gated.rollback(GATE_ROLLBACK + 1)
+    assert gated.accepted == plain.accepted and gated.can_end() and gated.accept_token(tokenizer.eos_token_id)

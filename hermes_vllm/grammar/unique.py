@@ -27,6 +27,7 @@ import numpy as np
 
 from hermes_vllm.dialect import Dialect
 from hermes_vllm.grammar.engines.base import EngineMatcher, allocate_bitmask
+from hermes_vllm.latin1 import as_text
 from hermes_vllm.schema.spec import JSON
 from hermes_vllm.schema.tree import resolve_ref
 from hermes_vllm.schema.unique import item_value, keeps_unique, kept_kind
@@ -82,7 +83,7 @@ def item_key(kind: str, raw: str) -> Any:
         return item_value(raw)
     if raw.isascii() and "\\" not in raw:  # most items: the text is the value
         return raw
-    return item_value(('"' + raw + '"').encode("latin-1").decode("utf-8", errors="replace"))
+    return item_value(as_text('"' + raw + '"'))
 
 
 @dataclass

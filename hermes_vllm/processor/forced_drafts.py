@@ -39,6 +39,7 @@ import numpy as np
 
 from hermes_vllm.grammar.engines.base import token_allowed
 from hermes_vllm.grammar.engines.head import SortedVocabulary
+from hermes_vllm.latin1 import whole_characters
 from hermes_vllm.memo import TextKeyed
 from hermes_vllm.settings import get_limits
 from hermes_vllm.vllm_api import touchpoints, wrap_attribute
@@ -111,17 +112,6 @@ def _common_prefix(pieces: Sequence[bytes]) -> bytes:
     while n < len(first) and first[n] == last[n]:
         n += 1
     return first[:n]
-
-
-def _complete_utf8(data: bytes) -> int:
-    """Length of ``data``'s longest prefix that does not end inside a UTF-8 character."""
-    for back in range(1, min(4, len(data)) + 1):
-        byte = data[-back]
-        if 0x80 <= byte < 0xC0:
-            continue
-        size = 4 if byte >= 0xF0 else 3 if byte >= 0xE0 else 2 if byte >= 0xC0 else 1
-        return len(data) if back >= size else len(data) - back
-    return len(data)
 
 
 class ForcedDrafts:
@@ -205,7 +195,7 @@ class ForcedDrafts:
         """``forced`` in the served tokenizer's tokens after ``history``, its unstable end held back;
         empty where the tokenizer puts no boundary where the row's text has one. The run and each
         continuation are spelled in one batch call of the tokenizer."""
-        whole = forced[: _complete_utf8(forced)]
+        whole = forced[: whole_characters(forced)]
         anchor = b"".join(self._decoded[t] for t in history[-2:])
         key = (anchor, whole, after)
         found = self._spelled.get(key)

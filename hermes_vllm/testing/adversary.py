@@ -48,7 +48,7 @@ import torch
 from hermes_vllm import constraint_args
 from hermes_vllm.budget import CallCompleter
 from hermes_vllm.dialect import Dialect
-from hermes_vllm.latin1 import as_latin1
+from hermes_vllm.latin1 import as_latin1, as_text
 from hermes_vllm.processor.core import ConstraintCore, RowState
 from hermes_vllm.schema import normalize_tools
 from hermes_vllm.spans import Tail, read_tail, split_spans
@@ -244,7 +244,7 @@ def _need(view: _View, extra: str) -> int:
     if tail.open is None or tail.open.kind != "call":
         need = -1
     else:
-        decoded = call.encode("latin-1").decode("utf-8", errors="replace")
+        decoded = as_text(call)
         completion = budget.completer.complete(decoded)
         count = None if completion is None else budget.speller.count(as_latin1(completion))
         need = 1 << 20 if count is None else count
@@ -527,17 +527,17 @@ def run(
             span = 0
         elif span is not None:
             span = None if token == end_id else span + 1
-        decoded = text.encode("latin-1").decode("utf-8", errors="replace")
+        decoded = as_text(text)
         hit = [decoded.index(s) for s in scenario.stop if s and s in decoded]
         if hit:
             outcome.ended_by = "stop string"
-            text = decoded[: min(hit)].encode("utf-8").decode("latin-1")
+            text = as_latin1(decoded[: min(hit)])
             break
     if state.failed is None and new:
         driver.step(new)  # the last token reaches the engine (vLLM feeds it too)
         outcome.failed = state.failed
     outcome.tokens = len(out)
-    outcome.text = text.encode("latin-1").decode("utf-8", errors="replace")
+    outcome.text = as_text(text)
     _judge(outcome, tools, scenario, dialect, tokenizer, out)
     return outcome
 
