@@ -33,7 +33,7 @@ import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -288,6 +288,15 @@ def merged(forced: list[int], proposed: list[int], limit: int) -> list[int]:
     return forced[:limit]
 
 
+@runtime_checkable
+class Drafting(Protocol):
+    """A row's grammar that offers its forced run as drafts (a hosted row,
+    :class:`~hermes_vllm.processor.hosted.HostedGrammar`): read by what it does, so this module,
+    which the hosted row imports, imports nothing of it."""
+
+    def forced_drafts(self, limit: int) -> list[int]: ...
+
+
 _PATCHED = "__hermes_vllm_grammar_drafts__"
 _SKIPPED = "hermes-vllm: %s: %s; no grammar drafts (constrained rows keep the proposer's drafts)"
 
@@ -298,8 +307,6 @@ def _wrap_update(method: Callable[..., None]) -> Callable[..., None]:
         method(self, draft_token_ids)
         if not get_limits().grammar_drafts:
             return
-        from hermes_vllm.processor.hosted import HostedGrammar
-
         limit = self.num_spec_tokens
         for req_id in draft_token_ids.req_ids:
             request = self.requests.get(req_id)
@@ -307,7 +314,7 @@ def _wrap_update(method: Callable[..., None]) -> Callable[..., None]:
             if structured is None or request.is_finished() or request.is_prefill_chunk:
                 continue
             grammar = structured.grammar
-            if isinstance(grammar, HostedGrammar):
+            if isinstance(grammar, Drafting):
                 forced = grammar.forced_drafts(limit)
                 request.spec_token_ids = merged(forced, list(request.spec_token_ids), limit)
 
