@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import xgrammar as xgr
 
 from hermes_vllm.budget.speller import Speller
 from hermes_vllm.dialect import Dialect
+from hermes_vllm.memo import MISSING, IdentityMemo
+
+T = TypeVar("T")
 
 
 def special_ids(tokenizer: Any) -> list[int]:
@@ -33,7 +37,9 @@ def special_ids(tokenizer: Any) -> list[int]:
 
 @dataclass(frozen=True)
 class Vocabulary:
-    """The tokenizer as the engines need it, plus the model's logits width."""
+    """The tokenizer as the engines need it, plus the model's logits width, and every table derived
+    from them (:meth:`table`): one owner, so a table is built once per vocabulary, under a lock,
+    and lives as long as the vocabulary does."""
 
     tokenizer: Any
     """A Hugging Face tokenizer (fast or slow)."""
@@ -41,10 +47,26 @@ class Vocabulary:
     """Width of the model's logits; may exceed the tokenizer's length (padded heads)."""
     stop_token_ids: tuple[int, ...]
     fingerprint: str = field(default="", compare=False)
+    _tables: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    _building: threading.RLock = field(default_factory=threading.RLock, compare=False, repr=False)
 
     @classmethod
     def from_tokenizer(
         cls, tokenizer: Any, vocab_size: int | None = None, stop_token_ids: Sequence[int] | None = None
+    ) -> Vocabulary:
+        """The vocabulary of ``tokenizer`` at this width with these stop tokens: the same object
+        for the same tokenizer object (the latest :data:`_KEPT_TOKENIZERS`), so every compiler and
+        core of a process shares its tables."""
+        key = (vocab_size, None if not stop_token_ids else tuple(stop_token_ids))
+        kept = _KEPT.get((tokenizer,), dict)
+        found = kept.get(key)
+        if found is None:
+            found = kept.setdefault(key, cls._read(tokenizer, vocab_size, stop_token_ids))
+        return found
+
+    @classmethod
+    def _read(
+        cls, tokenizer: Any, vocab_size: int | None, stop_token_ids: Sequence[int] | None
     ) -> Vocabulary:
         vocab = tokenizer.get_vocab()
         size = vocab_size or max(len(tokenizer), max(vocab.values()) + 1)
@@ -70,17 +92,40 @@ class Vocabulary:
         """Each token's bytes as a latin-1 string (one char a byte: tags are ASCII)."""
         return [b.decode("latin-1") for b in self.decoded]
 
-    @cached_property
-    def _straddling(self) -> dict[str, bool]:
-        return {}
+    def table(self, name: str, build: Callable[[], T]) -> T:
+        """The table ``name`` derived from this vocabulary, built by ``build`` on first use (one
+        build at a time: the engine's start-up thread may be building one). ``name`` is fixed by
+        the code that derives it (with a dialect's name at most), never read from a request, so a
+        vocabulary holds a bounded number of tables."""
+        found = self._tables.get(name, MISSING)
+        if found is MISSING:
+            with self._building:
+                found = self._tables.get(name, MISSING)
+                if found is MISSING:
+                    found = self._tables[name] = build()
+        return cast(T, found)
+
+    def has_table(self, name: str) -> bool:
+        """Whether :meth:`table` ``name`` is built."""
+        return name in self._tables
 
     def gate_allowed(self, dialect: Dialect) -> bool:
         """Whether free text may skip the engine: False when a token holds a whole call tag and
         more text, since such a token could open an invalid call in one step."""
         trigger = dialect.tool_call.begin
-        if trigger not in self._straddling:
-            self._straddling[trigger] = any(trigger in t and not t.endswith(trigger) for t in self.latin1)
-        return not self._straddling[trigger]
+        return not self.table(f"straddling {trigger}", lambda: _straddles(self.latin1, trigger))
+
+
+def _straddles(latin1: list[str], tag: str) -> bool:
+    """Whether a token holds the whole ``tag`` and more after it."""
+    return any(tag in t and not t.endswith(tag) for t in latin1)
+
+
+_KEPT_TOKENIZERS = 8
+"""Tokenizers whose vocabularies are kept (a server has one; tests and benchmarks a few)."""
+_KEPT: IdentityMemo[dict[tuple[int | None, tuple[int, ...] | None], Vocabulary]]
+_KEPT = IdentityMemo(_KEPT_TOKENIZERS)
+"""Per tokenizer object, its vocabularies by width and stop tokens (fixed by the served model)."""
 
 
 class ServedVocabulary:

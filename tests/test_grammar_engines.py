@@ -26,6 +26,7 @@ from hermes_vllm.grammar import ToolGrammarCompiler, ToolSchemaError
 from hermes_vllm.grammar.compiler import GATE_ROLLBACK, GrammarCompileError
 from hermes_vllm.grammar.engines import ENGINES, get_engine_class
 from hermes_vllm.grammar.engines.base import allocate_bitmask
+from hermes_vllm.grammar.engines.composed import sorted_vocabulary
 from hermes_vllm.grammar.engines.outlines import END, MAX_ITEMS_BOUND, OutlinesEngine, avoiding
 from hermes_vllm.grammar.turn import turn_spec
 from hermes_vllm.schema import CONSTRAINING, normalize_tools
@@ -656,3 +657,15 @@ def test_gated_matcher_keeps_a_bounded_window_and_rolls_back_across_it(tokenizer
     with pytest.raises(ValueError, match="cannot roll back"):
         gated.rollback(GATE_ROLLBACK + 1)
     assert gated.accepted == plain.accepted and gated.can_end() and gated.accept_token(tokenizer.eos_token_id)
+
+
+def test_a_vocabulary_and_its_tables_are_built_once_per_tokenizer(tokenizer: Any) -> None:
+    """Compilers of one tokenizer share one :class:`Vocabulary`, which owns every table derived
+    from it (they lived in module globals keyed by its fingerprint, one without a lock); another
+    width is another vocabulary, with tables of its own."""
+    first = ToolGrammarCompiler(tokenizer, engine="xgrammar").vocab
+    again = ToolGrammarCompiler(tokenizer, engine="llguidance").vocab
+    assert again is first
+    assert sorted_vocabulary(again) is sorted_vocabulary(first) and first.has_table("sorted")
+    wider = ToolGrammarCompiler(tokenizer, vocab_size=len(tokenizer) + 64).vocab
+    assert wider is not first and wider.vocab_size == len(tokenizer) + 64 and not wider.has_table("sorted")

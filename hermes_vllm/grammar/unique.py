@@ -278,15 +278,12 @@ class _Pieces:
     between: np.ndarray
 
 
-_PIECES: dict[str, _Pieces] = {}
-"""By vocabulary fingerprint: as many entries as the process has tokenizers (its cores share one)."""
-
-
 def _pieces(vocab: Vocabulary) -> _Pieces:
-    kept = _PIECES.get(vocab.fingerprint)
-    if kept is not None:
-        return kept
-    latin1 = vocab.latin1
+    """The vocabulary's :class:`_Pieces`, built once (a table it keeps)."""
+    return vocab.table("unique items' closing pieces", lambda: _read_pieces(vocab.latin1))
+
+
+def _read_pieces(latin1: list[str]) -> _Pieces:
     plain: dict[str, list[int]] = {}
     other: list[int] = []
     for i, piece in enumerate(latin1):
@@ -300,11 +297,9 @@ def _pieces(vocab: Vocabulary) -> _Pieces:
     between = np.array(
         [piece.count('"') > 1 or any(c.isdigit() for c in piece) for piece in latin1], dtype=bool
     )
-    made = _Pieces(
+    return _Pieces(
         {k: np.array(v, dtype=np.int64) for k, v in plain.items()}, np.array(other, dtype=np.int64), between
     )
-    _PIECES[vocab.fingerprint] = made
-    return made
 
 
 def _held(view: np.ndarray, ids: np.ndarray, size: int) -> np.ndarray:

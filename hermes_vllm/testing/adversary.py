@@ -154,33 +154,27 @@ class _Marks:
     """The token of the first reasoning span's closing tag (-1: none)."""
 
 
-_marks: dict[tuple[str, str], _Marks] = {}
-"""By vocabulary fingerprint and dialect: shared by the cores of one tokenizer. (Keyed by the
-core's ``id``, a core built after another was freed could get its address, and its marks, for
-another vocabulary.)"""
-
-
 def _marks_for(core: ConstraintCore, dialect: Dialect) -> _Marks:
-    key = (core.compiler.vocab.fingerprint, dialect.name)
-    if key not in _marks:
-        latin1 = core.compiler.vocab.latin1
-        tags = [p.begin for p in (dialect.tool_call, *dialect.free_spans)] + [
-            p.end for p in dialect.free_spans
-        ]
-        opens = [p.begin for p in dialect.reasoning]
-        end = dialect.reasoning[0].end if dialect.reasoning else None
-        _marks[key] = _Marks(
-            np.array([any(g in p for g in tags) for p in latin1]),
-            np.array([("," in p) * 2 + (not _CLOSERS & set(p)) for p in latin1]),
-            np.array([len(p) for p in latin1]),
-            np.array([bool(p) and 0xC2 <= ord(p[-1]) <= 0xF4 for p in latin1]),
-            np.array([any(c in p for c in ',"{[:-0123456789') for p in latin1]),
-            np.array([p in _OPENERS for p in latin1]),
-            np.array([p == dialect.tool_call.begin for p in latin1]),
-            np.array([p in opens for p in latin1]),
-            latin1.index(end) if end in latin1 else -1,
-        )
-    return _marks[key]
+    """The samplers' marks of ``dialect`` in the core's vocabulary: a table it keeps."""
+    vocab = core.compiler.vocab
+    return vocab.table(f"adversary marks {dialect.name}", lambda: _read_marks(vocab.latin1, dialect))
+
+
+def _read_marks(latin1: list[str], dialect: Dialect) -> _Marks:
+    tags = [p.begin for p in (dialect.tool_call, *dialect.free_spans)] + [p.end for p in dialect.free_spans]
+    opens = [p.begin for p in dialect.reasoning]
+    end = dialect.reasoning[0].end if dialect.reasoning else None
+    return _Marks(
+        np.array([any(g in p for g in tags) for p in latin1]),
+        np.array([("," in p) * 2 + (not _CLOSERS & set(p)) for p in latin1]),
+        np.array([len(p) for p in latin1]),
+        np.array([bool(p) and 0xC2 <= ord(p[-1]) <= 0xF4 for p in latin1]),
+        np.array([any(c in p for c in ',"{[:-0123456789') for p in latin1]),
+        np.array([p in _OPENERS for p in latin1]),
+        np.array([p == dialect.tool_call.begin for p in latin1]),
+        np.array([p in opens for p in latin1]),
+        latin1.index(end) if end in latin1 else -1,
+    )
 
 
 _NEEDS: dict[tuple[CallCompleter, str], int] = {}
