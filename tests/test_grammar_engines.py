@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from dataclasses import astuple
 from typing import Any
 
 import pytest
@@ -28,7 +29,7 @@ from hermes_vllm.grammar.engines import ENGINES, get_engine_class
 from hermes_vllm.grammar.engines.base import allocate_bitmask
 from hermes_vllm.grammar.engines.composed import sorted_vocabulary
 from hermes_vllm.grammar.engines.outlines import END, MAX_ITEMS_BOUND, OutlinesEngine, avoiding
-from hermes_vllm.grammar.turn import turn_spec
+from hermes_vllm.grammar.turn import turn_shape, turn_spec
 from hermes_vllm.schema import CONSTRAINING, normalize_tools
 from hermes_vllm.settings import Limits
 
@@ -669,3 +670,35 @@ def test_a_vocabulary_and_its_tables_are_built_once_per_tokenizer(tokenizer: Any
     assert sorted_vocabulary(again) is sorted_vocabulary(first) and first.has_table("sorted")
     wider = ToolGrammarCompiler(tokenizer, vocab_size=len(tokenizer) + 64).vocab
     assert wider is not first and wider.vocab_size == len(tokenizer) + 64 and not wider.has_table("sorted")
+
+
+@pytest.mark.parametrize(
+    ("choice", "parallel", "answer", "shape"),
+    [
+        ("auto", True, False, ((), False, "any", "any", True)),
+        ("auto", False, False, ((), False, "one", "none", True)),
+        ("required", True, False, ((), True, "any", "any", True)),
+        ("required", False, False, ((), True, "none", "none", True)),
+        ("none", True, False, ((), False, "none", "any", False)),
+        ("auto", True, True, (("calls", "answer"), False, "any", "any", True)),
+        ("required", False, True, (("calls",), False, "one", "none", True)),
+        ("none", True, True, (("answer",), False, "one", "any", False)),
+    ],
+)
+def test_a_turns_shape_is_decided_once_for_every_engine(
+    choice: str, parallel: bool, answer: bool, shape: tuple[Any, ...], tokenizer: Any
+) -> None:
+    """Mode x parallel calls x answer become one :class:`TurnShape` (each engine decided it
+    itself), and every engine's grammar of the turn is a printing of it: a turn that opens with
+    a call refuses free text first on each, one that allows one call refuses a second."""
+    schema = {"type": "object", "properties": {"r": {"type": "string"}}, "required": ["r"]}
+    specs = normalize_tools(TOOLS, Limits())
+    written = normalize_tools([tool(schema, "a")], Limits())[0] if answer else None
+    assert astuple(turn_shape(turn_spec(specs, choice, parallel, answer=written))) == shape
+    if answer:  # the answer's printing is read by tests/test_answer.py
+        return
+    ids = tokenizer.encode("Hi " + PUT_CALL + " then " + PUT_CALL, add_special_tokens=False)
+    for engine in ("xgrammar", "llguidance", "outlines"):
+        matcher = compiler_for(engine, tokenizer).compile(TOOLS, choice, parallel).matcher()
+        accepted = all(matcher.accept_token(t) for t in ids)
+        assert accepted == (shape[2] == "any" and not shape[1]), (engine, choice, parallel)

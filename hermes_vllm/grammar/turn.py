@@ -11,7 +11,8 @@ either calls or the answer as JSON matching its schema.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import xgrammar as xgr
 
@@ -23,6 +24,64 @@ LEAD_WHITESPACE = 4
 """Whitespace allowed before each reasoning span and before the first call where no free text may
 come first (``required``): Qwen 3 writes two newlines after ``</think>``. Bounded like whitespace in
 a call, so a weak model cannot loop on it."""
+
+
+Ending = Literal["calls", "answer"]
+Calls = Literal["none", "one", "any"]
+
+
+@dataclass(frozen=True)
+class TurnShape:
+    """What a turn may hold, in order, decided once from its spec (:func:`turn_shape`); each
+    engine's file prints it in its own syntax, so adding an engine means writing a printer.
+
+    A turn is one of three:
+
+    - a turn with an answer (:attr:`endings`): reasoning/hidden spans, each after some whitespace,
+      then one of its endings (its calls, or the answer as JSON), then only whitespace; the last
+      call may be followed by :data:`~hermes_vllm.turn.MARK`. No free text: a reply holds a
+      complete call or a complete answer;
+    - a turn that opens with a call (:attr:`opens_with_call`, ``required``): spans, each after
+      some whitespace, then the call after some whitespace, then free text;
+    - free text from its start.
+
+    Free text holds reasoning/hidden spans and :attr:`calls` (none, at most one, any number), and
+    the output may end inside an unclosed span.
+    """
+
+    endings: tuple[Ending, ...]
+    """A turn with an answer: what may end it (calls, the answer, or either). Empty: no answer."""
+    opens_with_call: bool
+    calls: Calls
+    """The calls in the turn's free text (after its first call, where it opens with one); in a
+    turn with an answer, its calls ending: ``one`` call or ``any`` number (at least one)."""
+    after_call: Calls
+    """The calls the free text after a call may hold (the composed matcher's tool grammars
+    continue from a call: ``none`` where the turn allows one call)."""
+    may_call: bool
+    """Whether a call may be written at all (its rules are needed)."""
+
+
+_ENDINGS: dict[str, tuple[Ending, ...]] = {
+    "auto": ("calls", "answer"),
+    "required": ("calls",),
+    "none": ("answer",),
+}
+"""A turn with an answer: calls or the answer under ``auto``, calls only where one is required
+(the answer unused, as OpenAI serves it), the answer only under ``none``."""
+
+
+def turn_shape(turn: TurnSpec) -> TurnShape:
+    """The one place a turn's mode, parallel calls and answer become its shape."""
+    after: Calls = "any" if turn.parallel else "none"
+    may_call = turn.mode != "none"
+    if turn.answer is not None:
+        endings = _ENDINGS[turn.mode]
+        return TurnShape(endings, False, "any" if turn.parallel and may_call else "one", after, may_call)
+    if turn.mode == "required":
+        return TurnShape((), True, after, after, may_call)
+    free: Calls = "none" if not may_call else "any" if turn.parallel else "one"
+    return TurnShape((), False, free, after, may_call)
 
 
 def tag_initials(dialect: Dialect) -> str:
