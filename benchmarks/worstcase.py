@@ -3,7 +3,8 @@
     python benchmarks/worstcase.py [--sets 4] [--stride 8] [--rotate] [--jobs 2]
                                    [--engines xgrammar llguidance outlines] [--shapes N]
                                    [--samplers ...] [--tokenizer mistral-v1] [--out PATH.json]
-                                   [--write-every N] [--resume] [--generated [--models NAME ...]]
+                                   [--write-every N] [--resume] [--replies]
+                                   [--generated [--models NAME ...]]
                                    [--runner core|v2-0.33|v2-0.34]
 
 Every sampler of :mod:`hermes_vllm.testing.adversary` plays ``required``, named and ``auto`` turns
@@ -21,6 +22,8 @@ kept only if the client's own validation (``Model.model_validate``, an MCP serve
 V2 adapter with its hooks called in 0.33's or 0.34's order (``hermes_vllm.testing.v2_runner``).
 Writes PATH.json (every outcome, the summary by shape and by budget, the core's cost per row per
 step inside and outside the steering window) and PATH.png (kept rate by shape and by budget).
+``--replies`` writes every reply's text, token count and what ended it, kept or not, so that two
+sweeps' replies can be compared (a structural change should leave them identical).
 """
 
 from __future__ import annotations
@@ -251,6 +254,7 @@ def _task(
                     "window_steps": o.window_steps, "window_s": o.window_seconds,
                     "other_steps": o.other_steps, "other_s": o.other_seconds,
                     "text": o.text if not o.kept(scenario.thinking_budget) or client else "",
+                    **({"reply": o.text, "tokens": o.tokens, "ended_by": o.ended_by} if args.replies else {}),
                 }
             )  # fmt: skip
     return rows, refused
@@ -435,6 +439,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--write-every", type=int, default=4, help="tasks between writes of the results")
     parser.add_argument("--out", type=Path, default=RESULTS / "worstcase.json")
+    parser.add_argument(
+        "--replies",
+        action="store_true",
+        help="write every reply (text, tokens, what ended it), kept or not: to compare two sweeps' replies",
+    )
     parser.add_argument(
         "--resume", action="store_true", help="keep --out's done tasks without failures; play the rest"
     )
