@@ -216,7 +216,7 @@ def test_lone_utf8_lead_bytes_neither_defer_the_closing_tag_nor_fail_the_row(
 def test_a_required_tool_without_a_shortest_call_is_refused_naming_tool_and_path() -> None:
     """Never admitted with a reserve of 0: the completer cannot build this pattern's string (its
     automaton is too large to search), though the engines compile it."""
-    from hermes_vllm.processor.core import validate_request
+    from hermes_vllm.processor.admission import validate_request
 
     code = {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[a-z]{5000}$"}}}
     params = {"type": "object", "properties": {"id": {**code, "required": ["code"]}}, "required": ["id"]}

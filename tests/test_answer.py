@@ -16,7 +16,8 @@ from hermes_vllm.constraint import constraint_args, decode_constraint, parse_con
 from hermes_vllm.grammar import ToolGrammarCompiler
 from hermes_vllm.grammar.compiler import prepare_constraint
 from hermes_vllm.grammar.engines import get_engine_class
-from hermes_vllm.processor.core import ConstraintCore, validate_request
+from hermes_vllm.processor.admission import validate_request
+from hermes_vllm.processor.core import ConstraintCore
 from hermes_vllm.settings import get_limits
 from hermes_vllm.testing.adversary import SAMPLERS, Scenario, run
 

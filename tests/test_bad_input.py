@@ -16,7 +16,7 @@ import pytest
 from hermes_vllm import constraint_args
 from hermes_vllm.grammar import ToolGrammarCompiler
 from hermes_vllm.memo import CHARS, MAX_CHARS, clear_memos, memoize_small
-from hermes_vllm.processor.core import validate_request
+from hermes_vllm.processor.admission import validate_request
 from hermes_vllm.settings import Limits
 
 

@@ -19,7 +19,8 @@ from support.budget_scenarios import WEATHER
 
 from hermes_vllm import constraint_args
 from hermes_vllm.grammar.compiler import ToolCallMatcher
-from hermes_vllm.processor.core import ConstraintCore, RowState
+from hermes_vllm.processor.core import ConstraintCore
+from hermes_vllm.processor.row import RowState
 
 CALL_TEXT = (
     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "'

@@ -19,7 +19,7 @@ from hermes_vllm.constraint import ARGS_KEY, constraint_args
 from hermes_vllm.dialect import get_dialect
 from hermes_vllm.parsers import PARSERS, register_parsers
 from hermes_vllm.plugin import register
-from hermes_vllm.processor.core import validate_request
+from hermes_vllm.processor.admission import validate_request
 from hermes_vllm.processor.handshake import ENV as HANDSHAKE_ENV
 from hermes_vllm.schema import ToolSchemaError
 

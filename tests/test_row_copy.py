@@ -24,8 +24,9 @@ from hermes_vllm.budget import TurnBudget
 from hermes_vllm.budget.turn_budget import Progress
 from hermes_vllm.dialect import get_dialect
 from hermes_vllm.grammar.compiler import ToolCallMatcher
-from hermes_vllm.processor.core import ConstraintCore, EngineState, Gate, RowState
+from hermes_vllm.processor.core import ConstraintCore
 from hermes_vllm.processor.hosted import HostedGrammar, RowHost
+from hermes_vllm.processor.row import EngineState, Gate, RowState
 from hermes_vllm.spans import TextFollower, read_tail
 
 TURN = '<think>let me see</think>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "'

@@ -295,8 +295,8 @@ def test_a_long_call_is_marked_only_where_its_row_is_read_whole(
     :meth:`ConstraintCore.advance` and :meth:`ConstraintCore.fill`, token by token)."""
     from vllm import SamplingParams
 
-    from hermes_vllm.processor.core import RowState
     from hermes_vllm.processor.hosted import RowHost
+    from hermes_vllm.processor.row import RowState
 
     width = len(tokenizer)
     core = ConstraintCore(lambda: tokenizer, width, engine="auto")

@@ -22,7 +22,8 @@ from hermes_vllm.budget import CallCompleter
 from hermes_vllm.dialect import get_dialect
 from hermes_vllm.grammar import ToolGrammarCompiler
 from hermes_vllm.grammar.unique import _pieces
-from hermes_vllm.processor.core import ConstraintCore, validate_request
+from hermes_vllm.processor.admission import validate_request
+from hermes_vllm.processor.core import ConstraintCore
 from hermes_vllm.schema import normalize_tool
 from hermes_vllm.spans import split_spans
 

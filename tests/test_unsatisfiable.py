@@ -29,7 +29,7 @@ from hermes_vllm.constraint import parse_constraint
 from hermes_vllm.demo.bfcl import as_openai_tool
 from hermes_vllm.dialect import get_dialect
 from hermes_vllm.grammar import ToolGrammarCompiler, ToolSchemaError
-from hermes_vllm.processor.core import prepared_turn, validate_request
+from hermes_vllm.processor.admission import prepared_turn, validate_request
 from hermes_vllm.schema import UnsatisfiableToolError, contradiction, normalize_tool, read_tools
 from hermes_vllm.settings import get_limits
 

@@ -23,7 +23,7 @@ pytest.importorskip("vllm")
 
 import vllm
 
-from hermes_vllm.processor.core import RowState
+from hermes_vllm.processor.row import RowState
 from hermes_vllm.testing.adversary import SAMPLERS, CoreDriver, Driver, Scenario, V2Driver, run
 from hermes_vllm.testing.v2_runner import CALL_ORDERS, release_order
 from tests.test_adversary import LARGE, LONG_OPTIONAL, SMALL, core_for, reserve

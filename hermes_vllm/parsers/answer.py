@@ -16,7 +16,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from hermes_vllm.processor.core import STRUCTURED_KINDS
+from hermes_vllm.processor.admission import STRUCTURED_KINDS
 
 OBJECT: Mapping[str, Any] = {"type": "object"}
 """The answer schema of ``json_object``: any JSON object."""

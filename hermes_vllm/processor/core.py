@@ -27,8 +27,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
-from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
 from typing import Any
@@ -38,24 +36,22 @@ import torch
 import xgrammar as xgr
 
 from hermes_vllm.budget import NOTHING, Plan, Speller, TurnBudget
-from hermes_vllm.budget.needs import TurnNeeds
 from hermes_vllm.constraint import ConstraintRequest, parse_constraint
 from hermes_vllm.dialect import Dialect, available_dialects, get_dialect
 from hermes_vllm.grammar import GrammarCompileError, ToolGrammarCompiler
 from hermes_vllm.grammar.compiler import (
     CompiledToolGrammar,
-    PreparedTurn,
     ToolCallMatcher,
     prepare_constraint,
 )
-from hermes_vllm.grammar.engines import get_engine_class
-from hermes_vllm.grammar.engines.base import EngineGrammar, allocate_bitmask, token_allowed
+from hermes_vllm.grammar.engines.base import allocate_bitmask, token_allowed
 from hermes_vllm.grammar.engines.xgrammar import batch_accept, batch_fill
 from hermes_vllm.latin1 import as_latin1, utf8_need
-from hermes_vllm.memo import memoize_small
-from hermes_vllm.metrics import Refusal, record_step
+from hermes_vllm.metrics import record_step
+from hermes_vllm.processor.admission import prepared_turn, refused_texts, turn_reserve
+from hermes_vllm.processor.row import UNWATCHED, Gate, RowState
 from hermes_vllm.processor.token_index import TokenIndex
-from hermes_vllm.settings import Limits, get_limits
+from hermes_vllm.settings import get_limits
 from hermes_vllm.spans import TextFollower, open_at_end
 from hermes_vllm.turn import TurnSpec
 
@@ -64,140 +60,6 @@ logger = logging.getLogger(__name__)
 # From this many rows needing the engine, filling them in one multi-threaded call beats
 # per-row fills that can skip all-allowed rows.
 BATCH_FILL_MIN = 8
-# A paused row whose mask bans at most this many tokens (a reasoning span before a required call
-# bans the stop tokens and a few tokens that end the span wrongly) has those logits set to -inf
-# directly on the CPU, where the bitmask kernel reads the whole vocabulary (its cost a row:
-# benchmarks/README.md, "Processor per step").
-SPARSE_BANS_MAX = 1024
-
-
-def validate_request(
-    extra_args: Any, engine: str, max_tokens: int | None = None, speller: Speller | None = None
-) -> ConstraintRequest | None:
-    """Frontend check of a request's constraint; ``ValueError`` -> HTTP 400.
-
-    Given the served vocabulary's ``speller``, a ``required`` / named request whose ``max_tokens``
-    is below the reserve the engine keeps for its call (:func:`turn_reserve`: the shortest call,
-    the mark of a call the budget closes, the margin) is refused with both numbers; without it
-    the engine still forces the call to open in time.
-    """
-    request = parse_constraint(extra_args)
-    if request is None:
-        return None
-    turn = prepared_turn(request, engine, get_limits())
-    _check_answer(turn, max_tokens, speller)
-    if turn.prepared.spec.mode != "required":
-        return request
-    unknown = turn.needs.completer.unknown()
-    if unknown:
-        raise Refusal(
-            "no_shortest_value",
-            f"{'; '.join(unknown)}: the call this tool_choice requires could not be "
-            "promised within max_tokens; simplify that schema",
-        )
-    if max_tokens is not None and speller is not None:
-        shortest = turn.needs.shortest_call(speller)
-        reserve = turn_reserve(request, engine, speller)
-        if shortest is not None and max_tokens < reserve:
-            mark = " and the mark of a call the budget closes" if request.budget.closes(True) else ""
-            raise Refusal(
-                "budget_too_small",
-                f"max_tokens={max_tokens} cannot hold the shortest call this tool_choice "
-                f"requires: {reserve} tokens (for {shortest!r}{mark}, plus a margin of "
-                f"{turn.needs.margin}, HERMES_VLLM_BUDGET_MARGIN); raise max_tokens",
-            )
-    return request
-
-
-def _check_answer(turn: Turn, max_tokens: int | None, speller: Speller | None) -> None:
-    """Refuse a turn with an answer whose answer could not be promised within ``max_tokens``: its
-    schema has no shortest value, or ``max_tokens`` is below its reserve."""
-    answer = turn.needs.answer
-    if answer is None:
-        return
-    unknown = answer.unknown()
-    if unknown:
-        raise Refusal(
-            "no_shortest_value",
-            f"{'; '.join(unknown)}: the answer this turn owes could not be promised within "
-            "max_tokens; simplify that schema",
-        )
-    needed = 0 if speller is None else turn.needs.answer_reserve(speller)
-    if max_tokens is not None and max_tokens < needed:
-        raise Refusal(
-            "budget_too_small",
-            f"max_tokens={max_tokens} cannot hold the shortest answer the response_format asks "
-            f"for: {needed} tokens (its shortest spelling plus a margin of "
-            f"{turn.needs.margin}, HERMES_VLLM_BUDGET_MARGIN); raise max_tokens",
-        )
-
-
-STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
-"""The fields of vLLM's ``StructuredOutputsParams`` that constrain the output."""
-
-
-def refuse_structured_outputs(request: ConstraintRequest, structured: Any) -> None:
-    """Refuse a constrained request that still carries vLLM structured outputs: ``ValueError``.
-
-    vLLM's grammar masks every token the turn grammar needs for a call (and under ``required``
-    the two masks leave nothing, which vLLM's backend answers with HTTP 500), so no such request
-    is admitted. The tool parser moves a ``response_format`` / ``structured_outputs`` JSON schema
-    beside ``tools`` into the turn grammar before this check; what reaches it is what the turn
-    grammar cannot take (a regex, a choice, a grammar, a structural tag) or a client's own
-    constraint sent beside structured outputs.
-    """
-    kinds = [k for k in STRUCTURED_KINDS if getattr(structured, k, None) not in (None, False)]
-    named = ", ".join(f"structured_outputs.{k}" for k in kinds) or "structured_outputs"
-    raise Refusal(
-        "combination",
-        f"hermes-vllm cannot serve tools (tool_choice={request.tool_choice!r}) together with {named}: "
-        "vLLM's structured output would mask the tool calls; send the answer's JSON schema as "
-        "response_format (or structured_outputs.json) beside the tools, which the turn grammar "
-        "serves, or drop one of the two",
-    )
-
-
-@dataclass(frozen=True)
-class Turn:
-    """A constraint as admission reads it, once per constraint: the prepared turn (the grammar's
-    input) and what its budgets need (:class:`TurnNeeds`)."""
-
-    prepared: PreparedTurn
-    needs: TurnNeeds
-
-
-@memoize_small(lambda request, engine, limits: len(request.raw))
-def prepared_turn(request: ConstraintRequest, engine: str, limits: Limits) -> Turn:
-    """The request's :class:`Turn`, checked against ``engine``; cached by the constraint (agents
-    resend the same tools with every turn, and the frontend and the engine read the same turn)."""
-    engine_cls = get_engine_class(engine)
-    prepared = prepare_constraint(request, engine_cls, limits)
-    engine_cls.check(prepared.spec)
-    return Turn(prepared, TurnNeeds(prepared.spec, limits.budget_margin))
-
-
-def turn_reserve(request: ConstraintRequest, engine: str, speller: Speller) -> int:
-    """The tokens a turn keeps for its call (:func:`call_reserve`), as both the frontend's check
-    and the engine's budget count them."""
-    turn = prepared_turn(request, engine, get_limits())
-    spec = turn.prepared.spec
-    return turn.needs.reserve(
-        speller, request.budget.closes(spec.mode == "required" or spec.answer is not None)
-    )
-
-
-def _refused_texts(
-    dialect: Dialect, stop: str | Sequence[str], thinking: int | None
-) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The texts a budgeted row refuses (latin-1): its stop strings, where a stop would cut the
-    call or leave the reply without one (one the call's closing tag holds, or that holds it,
-    cannot be refused), and inside calls the reasoning tag where vLLM's own thinking budget
-    watches the row."""
-    end = dialect.tool_call.end
-    stops = [stop] if isinstance(stop, str) else list(stop)
-    refused_stops = tuple(as_latin1(s) for s in dict.fromkeys(stops) if s and end not in s and s not in end)
-    in_calls = () if thinking is None else tuple(as_latin1(p.begin) for p in dialect.reasoning)
-    return refused_stops, in_calls
 
 
 class Fill(Enum):
@@ -217,205 +79,8 @@ class Fill(Enum):
     """Inside a quiet span: the mask kept when it was entered."""
 
 
-UNWATCHED = 1 << 62
-"""A row without a budget: no position from which the budget must read every token."""
-
 PROMPT_TAIL = 256
 """Prompt tokens read for a span the generation prompt leaves open (it opens at the very end)."""
-
-
-@dataclass(slots=True)
-class Gate:
-    """A row's text since its last clean point, and what the row watches for: the part that lets
-    a gated row (``auto`` mode) run without its engine outside calls (module docstring)."""
-
-    on: bool
-    """Whether the row may leave the engine off outside calls (``auto`` mode); turned off for
-    good once the one call a turn allows is made."""
-    follower: TextFollower
-    """The row's text since its last clean point, read by the gate and the budget (which feeds
-    it, where the row has one)."""
-    pending: list[int] = field(default_factory=list)
-    """Tokens since the last clean point: replayed into a fresh matcher when the engine switches on
-    (an engine-only row's: the prompt's open span, fed first). A list bound here is only ever
-    appended to (emptying rebinds it), so that a row's mark records it by its length."""
-    watch: bytes = b""
-    """While gated: only tokens holding one of these bytes can change anything (empty: check all)."""
-    quiet: bool = False
-    """Gated, engine off, at a clean point: a new token matters only if it holds a watched byte.
-    Kept up to date by :meth:`ConstraintCore.advance`, so that a step tests one field a row."""
-    quiet_until: int = UNWATCHED
-    """From this many consumed tokens on, the budget reads every token: the row is never quiet."""
-
-    def hold(self, tokens: Sequence[int]) -> None:
-        """Keep ``tokens`` for a matcher that starts at the last clean point."""
-        self.pending.extend(tokens)
-
-    def take_pending(self) -> list[int]:
-        """The tokens kept since the last clean point, handed to a matcher (and no longer kept)."""
-        tokens, self.pending = self.pending, []
-        return tokens
-
-    def regate(self, parallel: bool, begin: bytes) -> bool | None:
-        """Read where the text stands: True where the engine must run (a call tag begun or open,
-        or the one call a turn allows made: then the gate is off for good), False at a clean
-        point (the grammar is in its initial state again, ``begin`` the bytes watched there),
-        None where neither (a reasoning/hidden span, or its tag, begun)."""
-        tail = self.follower.tail
-        if tail.open is not None:
-            # Inside a call or a reasoning/hidden span, only its end tag changes the situation.
-            assert tail.open.tags is not None
-            self.watch = b"" if tail.end_begun else tail.open.tags.end[:1].encode()
-            return True if tail.open.kind == "call" else None
-        if tail.begun is not None:
-            self.watch = b""
-            return True if tail.begun == "call" else None
-        if (self.follower.calls or tail.calls) and not parallel:
-            # The one allowed call is made: the engine keeps refusing another to the end.
-            self.on = False
-            return True
-        self.pending = []
-        self.watch = begin
-        return False
-
-    def read_all_from(self, position: int) -> None:
-        """From ``position`` consumed tokens on, the budget reads every token."""
-        self.quiet_until = position
-
-    def wake(self) -> None:
-        """Read the next token whatever bytes it holds (the text has moved without a step)."""
-        self.quiet = False
-
-    def settle(self, engine_off: bool) -> None:
-        """After a step: quiet where gated, at a clean point with the engine off."""
-        self.quiet = engine_off and self.on and bool(self.watch) and not self.pending
-
-    def stop(self) -> None:
-        """The row failed: nothing to watch or replay any more."""
-        self.quiet = False
-        self.pending = []
-
-
-@dataclass(slots=True)
-class EngineState:
-    """Where a row's grammar engine stands: its matcher, and whether the row is over."""
-
-    matcher: ToolCallMatcher | None = None
-    """The engine's matcher while switched on; ``None`` while the gate alone watches the row."""
-    failed: str | None = None
-    """Why the row was stopped (a refused token, a failed compile): only its stop tokens are
-    allowed from then on, never unconstrained text."""
-    ended: bool = False
-    """The engine accepted a stop token: the turn is over, only stop tokens are allowed (an
-    engine refuses to mask after its end; vLLM asks for no mask there, a row kept on may)."""
-    paused: np.ndarray | None = None
-    """An engine-only row inside a reasoning span (:meth:`TurnBudget.in_quiet_span`): the mask
-    the engine gave there, reused while the engine is left alone."""
-    paused_bans: torch.Tensor | None = None
-    """The tokens that mask bans, when they are few (:data:`SPARSE_BANS_MAX`)."""
-
-    def start(self, matcher: ToolCallMatcher) -> None:
-        self.matcher = matcher
-
-    def switch_off(self) -> None:
-        """At a clean point: the gate alone watches the row again."""
-        self.matcher = None
-
-    def feed(self, tokens: Sequence[int]) -> int | None:
-        """Feed the running matcher; the first token it refuses (the row must fail), else None."""
-        matcher = self.matcher
-        assert matcher is not None
-        for token in tokens:
-            if not matcher.accept_token(token):
-                return token
-        self.ended = bool(tokens) and matcher.is_terminated()
-        return None
-
-    def fail(self, reason: str) -> None:
-        self.failed = reason
-        self.matcher = None
-
-    def pause(self, mask: np.ndarray, width: int) -> None:
-        """Keep ``mask`` for the span's content, and its bans where they are few."""
-        self.paused = mask
-        bits = np.unpackbits(mask.view(np.uint8), bitorder="little")[:width]
-        bans = np.flatnonzero(bits == 0)
-        self.paused_bans = torch.from_numpy(bans) if bans.size <= SPARSE_BANS_MAX else None
-
-    def resume(self) -> None:
-        self.paused = self.paused_bans = None
-
-
-RowMark = tuple[Any, ...]
-"""A row's :meth:`RowState.mark`."""
-
-
-@dataclass(slots=True)
-class RowState:
-    """One constrained request's row: what admission fixed (shared by copies), how many output
-    tokens it has seen, and its three parts: :class:`Gate`, :class:`EngineState` and its
-    :class:`TurnBudget`, each with its own ``copy()``."""
-
-    request: ConstraintRequest
-    prepared: PreparedTurn
-    future: Future[EngineGrammar]
-    stop_ids: tuple[int, ...]
-    refused_stops: tuple[str, ...]
-    """The request's stop strings (latin-1): no token may complete one inside a call, nor before
-    the call a ``required`` turn owes."""
-    refused_in_calls: tuple[str, ...]
-    """The reasoning tag, refused inside calls when vLLM's own thinking budget watches the row
-    (vLLM would start counting a span there and force its closing tag into the call)."""
-    gate: Gate
-    engine: EngineState = field(default_factory=EngineState)
-    budget: TurnBudget | None = None
-    """The row's token budgets (span budgets, call reserve, closing cut calls)."""
-    consumed: int = 0
-    """Output tokens already seen."""
-
-    @property
-    def dialect(self) -> Dialect:
-        return self.prepared.spec.dialect
-
-    @property
-    def failed(self) -> str | None:
-        """Why the row was stopped, if it was (:attr:`EngineState.failed`)."""
-        return self.engine.failed
-
-    def mark(self) -> RowMark:
-        """Where the row stands, for a draft path to come back to (:meth:`back_to`): every field
-        that changes as the row follows its tokens, read into one tuple. Nothing is copied but
-        the budget's progress: the other fields hold immutable values or objects only ever
-        rebound (the paused mask), the gate's pending list is only appended to while bound (its
-        length marks it), and the matcher is marked by its count of accepted tokens (engines
-        roll back, they cannot copy)."""
-        gate, engine = self.gate, self.engine
-        follower, matcher = gate.follower, engine.matcher
-        return (
-            self.consumed, gate.on, gate.pending, len(gate.pending), gate.watch, gate.quiet,
-            gate.quiet_until, follower.text, follower.tail, follower.calls, follower.recent,
-            matcher, 0 if matcher is None else matcher.accepted, engine.failed, engine.ended,
-            engine.paused, engine.paused_bans, None if self.budget is None else self.budget.progress.copy(),
-        )  # fmt: skip
-
-    def back_to(self, mark: RowMark) -> None:
-        """Put the row back where :meth:`mark` found it (a mark may be gone back to more than once;
-        the marks taken after it are void, since the pending list is cut back to its length)."""
-        gate, engine = self.gate, self.engine
-        follower = gate.follower
-        (
-            self.consumed, gate.on, pending, held, gate.watch, gate.quiet, gate.quiet_until,
-            follower.text, follower.tail, follower.calls, follower.recent,
-            matcher, accepted, engine.failed, engine.ended, engine.paused, engine.paused_bans, progress,
-        ) = mark  # fmt: skip
-        del pending[held:]
-        gate.pending = pending
-        engine.matcher = matcher
-        if matcher is not None and matcher.accepted > accepted:
-            matcher.rollback(matcher.accepted - accepted)
-        if progress is not None:
-            assert self.budget is not None
-            self.budget.progress = progress.copy()
 
 
 class ConstraintCore:
@@ -577,7 +242,7 @@ class ConstraintCore:
         gated = spec.free_text and compiler.vocab.gate_allowed(spec.dialect)
         budgeted = max_tokens is not None and (spec.mode != "none" or spec.answer is not None)
         refused_stops, refused_in_calls = (
-            _refused_texts(spec.dialect, stop, thinking_budget) if budgeted else ((), ())
+            refused_texts(spec.dialect, stop, thinking_budget) if budgeted else ((), ())
         )
         follower = TextFollower(
             spec.dialect, reach=max(map(len, refused_stops + refused_in_calls), default=0)

@@ -17,8 +17,8 @@ from hermes_vllm.constraint import ConstraintRequest, check_special_tags
 from hermes_vllm.grammar import GrammarCompileError
 from hermes_vllm.metrics import REQUESTS, TOOLS_LEFT_OUT, Refusal, events, mark_refused
 from hermes_vllm.processor import speculative
+from hermes_vllm.processor.admission import prepared_turn, refuse_structured_outputs, validate_request
 from hermes_vllm.processor.config import engine_name
-from hermes_vllm.processor.core import prepared_turn, refuse_structured_outputs, validate_request
 from hermes_vllm.processor.handshake import announced_special_tags, runner_active, status
 from hermes_vllm.processor.served import SERVED
 from hermes_vllm.schema.coverage import UnsupportedKeywordError

@@ -4,7 +4,7 @@ Under speculative decoding vLLM's scheduler, not the model runner, keeps drafts 
 request's grammar: it cuts each request's drafts to their longest valid prefix
 (``validate_tokens``), fills one bitmask row per draft position plus the bonus row by accepting
 the drafts one by one, rolls the grammar back, and after verification accepts the tokens the
-model kept. Hosting our row (gate, matcher, budgets: :class:`~hermes_vllm.processor.core.RowState`,
+model kept. Hosting our row (gate, matcher, budgets: :class:`~hermes_vllm.processor.row.RowState`,
 advanced and masked by :class:`~hermes_vllm.processor.core.ConstraintCore`'s own methods) behind
 that interface puts every draft position under the constraint sampled tokens get, on either
 runner, with our engines, our cache and our budgets.
@@ -57,8 +57,9 @@ from hermes_vllm.budget.turn_budget import Progress
 from hermes_vllm.grammar import GrammarCompileError
 from hermes_vllm.latin1 import utf8_need
 from hermes_vllm.metrics import record_step
-from hermes_vllm.processor.core import ConstraintCore, Fill, RowMark, RowState
+from hermes_vllm.processor.core import ConstraintCore, Fill
 from hermes_vllm.processor.forced_drafts import ForcedDrafts
+from hermes_vllm.processor.row import RowMark, RowState
 
 if TYPE_CHECKING:
     from vllm.sampling_params import SamplingParams

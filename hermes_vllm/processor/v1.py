@@ -18,7 +18,8 @@ from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
 from hermes_vllm.processor import output_ids
 from hermes_vllm.processor.config import core_for_config
-from hermes_vllm.processor.core import ConstraintCore, RowState
+from hermes_vllm.processor.core import ConstraintCore
+from hermes_vllm.processor.row import RowState
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

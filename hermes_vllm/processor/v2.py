@@ -23,8 +23,9 @@ import torch
 from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsProcessor as V2LogitsProcessor
 
 from hermes_vllm.processor.config import core_for_config
-from hermes_vllm.processor.core import PROMPT_TAIL, RowState
+from hermes_vllm.processor.core import PROMPT_TAIL
 from hermes_vllm.processor.frontend import FRONTEND
+from hermes_vllm.processor.row import RowState
 from hermes_vllm.vllm_api import step_hook
 
 if TYPE_CHECKING:

@@ -49,7 +49,8 @@ from hermes_vllm import constraint_args
 from hermes_vllm.budget import CallCompleter
 from hermes_vllm.dialect import Dialect
 from hermes_vllm.latin1 import as_latin1, as_text
-from hermes_vllm.processor.core import ConstraintCore, RowState
+from hermes_vllm.processor.core import ConstraintCore
+from hermes_vllm.processor.row import RowState
 from hermes_vllm.schema import normalize_tools
 from hermes_vllm.spans import Tail, read_tail, split_spans
 from hermes_vllm.vocabulary import served_vocabulary

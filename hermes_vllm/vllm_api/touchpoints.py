@@ -319,7 +319,7 @@ MANAGER_BITMASK = _point(
 STRUCTURED_PARAMS = _point(
     "vllm.sampling_params:StructuredOutputsParams",
     "type",
-    "processor/speculative.py processor/core.py parsers/answer.py",
+    "processor/speculative.py processor/admission.py parsers/answer.py",
     "as MANAGER_INIT; its kinds are read to refuse what the turn grammar cannot take",
     *("choice", "grammar", "json", "json_object", "regex", "structural_tag", "_backend"),
 )

@@ -164,7 +164,7 @@ def valid_calls(reply: Reply, tools: Sequence[dict[str, Any]]) -> int | None:
 def reserve(tokenizer: Any, tools: list[dict[str, Any]], choice: Any) -> int:
     """The smallest ``max_tokens`` the server admits under ``choice``: the turn's reserve (its
     shortest call, the mark of a call the budget closes, the margin)."""
-    from hermes_vllm.processor.core import turn_reserve
+    from hermes_vllm.processor.admission import turn_reserve
 
     request = parse_constraint(constraint_args(tools, choice))
     assert request is not None
