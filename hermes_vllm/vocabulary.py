@@ -1,7 +1,9 @@
 """A served model's vocabulary: the tokenizer as the engines, the budgets and the parsers read it.
 
 :class:`Vocabulary` holds the tokenizer, the logits width and the stop tokens, with the tables
-derived from them (each token's bytes, as latin-1 text); :class:`ServedVocabulary` is the API
+derived from them (each token's bytes, as latin-1 text; the packed masks a budget narrows a row's
+mask by; the processor's :class:`~hermes_vllm.processor.token_index.TokenIndex`, kept as one of its
+tables); :class:`ServedVocabulary` is the API
 server's one, with its :class:`~hermes_vllm.budget.Speller`. Below the grammar and the processor,
 above the budget (whose speller it builds), so the budget reads no engine.
 """
@@ -16,10 +18,12 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, TypeVar, cast
 
+import numpy as np
 import xgrammar as xgr
 
 from hermes_vllm.budget.speller import Speller
 from hermes_vllm.dialect import Dialect
+from hermes_vllm.latin1 import as_latin1, utf8_need
 from hermes_vllm.memo import MISSING, IdentityMemo
 
 T = TypeVar("T")
@@ -114,6 +118,34 @@ class Vocabulary:
         more text, since such a token could open an invalid call in one step."""
         trigger = dialect.tool_call.begin
         return not self.table(f"straddling {trigger}", lambda: _straddles(self.latin1, trigger))
+
+    def no_call_words(self, dialect: Dialect, words: int) -> np.ndarray:
+        """Packed mask (``words`` words) of the tokens that cannot begin a call tag (hold none of
+        it, and end with no part of its beginning): a budget that bans a call narrows a row's mask
+        by it."""
+        begin = as_latin1(dialect.tool_call.begin)
+
+        def build() -> np.ndarray:
+            prefixes = tuple(begin[:k] for k in range(1, len(begin)))
+            return _packed([begin not in p and not p.endswith(prefixes) for p in self.latin1], words)
+
+        return self.table(f"no call {begin} {words}", build)
+
+    def whole_words(self, words: int) -> np.ndarray:
+        """Packed mask (``words`` words) of the tokens that do not end inside a character (from a
+        boundary): a budget about to force text narrows a row's mask by it."""
+
+        def build() -> np.ndarray:
+            return _packed([utf8_need(0, p) == 0 for p in self.latin1], words)
+
+        return self.table(f"whole characters {words}", build)
+
+
+def _packed(allowed: list[bool], words: int) -> np.ndarray:
+    """``allowed`` as a bitmask row of ``words`` 32-bit words (the tokens past it allowed)."""
+    padded = np.ones(words * 32, dtype=bool)
+    padded[: len(allowed)] = allowed
+    return np.packbits(padded, bitorder="little").view(np.int32)
 
 
 def _straddles(latin1: list[str], tag: str) -> bool:

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from hermes_vllm import constraint_args
+from hermes_vllm.dialect import get_dialect
 from hermes_vllm.grammar import ToolGrammarCompiler
 from hermes_vllm.grammar.cache import GrammarCache
 from hermes_vllm.processor.core import ConstraintCore
@@ -113,3 +114,18 @@ def test_a_prompt_that_opens_reasoning_starts_the_row_inside_the_span(tokenizer:
         if step < len(tokens):
             assert torch.isfinite(logits[0, tokens[step]]), f"step {step}: the turn's own token was masked"
     assert state.failed is None
+
+
+def test_cores_on_one_tokenizer_share_the_vocabularys_token_tables(tokenizer: Any) -> None:
+    """The tables the step reads over the vocabulary (which tokens hold a text, or a byte a gate
+    watches; the masks a budget narrows a row's by) are the vocabulary's, built once per tokenizer:
+    each core once built and kept its own (a test process's hundreds of cores, each a 131k-token
+    index and its arrays)."""
+    first, second = (ConstraintCore(lambda: tokenizer, len(tokenizer)) for _ in range(2))
+    words = (len(tokenizer) + 31) // 32
+    dialect = get_dialect("hermes")
+    assert first.index is second.index
+    assert first.index.holding_any(b"<") is second.index.holding_any(b"<")
+    vocab, other = first.compiler.vocab, second.compiler.vocab
+    assert vocab.no_call_words(dialect, words) is other.no_call_words(dialect, words)
+    assert vocab.whole_words(words) is other.whole_words(words)

@@ -46,11 +46,11 @@ from hermes_vllm.grammar.compiler import (
 )
 from hermes_vllm.grammar.engines.base import allocate_bitmask, token_allowed
 from hermes_vllm.grammar.engines.xgrammar import batch_accept, batch_fill
-from hermes_vllm.latin1 import as_latin1, utf8_need
+from hermes_vllm.latin1 import utf8_need
 from hermes_vllm.metrics import record_step
 from hermes_vllm.processor.admission import prepared_turn, refused_texts, turn_reserve
 from hermes_vllm.processor.row import UNWATCHED, Gate, RowState
-from hermes_vllm.processor.token_index import TokenIndex
+from hermes_vllm.processor.token_index import TokenIndex, token_index
 from hermes_vllm.settings import get_limits
 from hermes_vllm.spans import TextFollower, open_at_end
 from hermes_vllm.turn import TurnSpec
@@ -98,14 +98,9 @@ class ConstraintCore:
         self.engine = engine
         self.pin_memory = pin_memory
         self.bitmask = allocate_bitmask(1, vocab_size, pin_memory)
-        self._holds_byte: dict[int, np.ndarray] = {}
-        self._watched: dict[bytes, np.ndarray] = {}
-        """Keyed by the dialects' tag bytes (a handful), never by a client's input."""
         self._quiet_holds: np.ndarray | None = None
         """Tokens holding a byte any quiet row watches (the union over the dialects seen)."""
         self._quiet_watches: set[bytes] = set()
-        self._no_call: dict[str, np.ndarray] = {}
-        self._whole: np.ndarray | None = None
         self.log_refusals = True
         """Whether a token the engine refuses is logged as ending its row (an error). A hosted row
         (speculative decoding) puts its row back where it was before a refused draft instead, and
@@ -123,8 +118,9 @@ class ConstraintCore:
 
     @cached_property
     def index(self) -> TokenIndex:
-        """Which tokens hold a text or begin with one: the stop strings' refusal reads it."""
-        return TokenIndex(self.compiler.vocab.decoded)
+        """Which tokens hold a text or begin with one: the stop strings' refusal and the gates
+        read it (the vocabulary's, shared by every core of the tokenizer)."""
+        return token_index(self.compiler.vocab)
 
     def warm(self) -> None:
         """Build what every constrained request needs, once, at the engine's start-up: the
@@ -133,22 +129,14 @@ class ConstraintCore:
         every running stream for over a second (``benchmarks/stall.py``); built before vLLM's
         engine freezes its start-up heap, the collector never traverses them again."""
         compiler = self.compiler
+        vocab = compiler.vocab
         words = (self.vocab_size + 31) // 32
-        _ = self.speller, self.index, self._whole_words(words)
+        _ = self.speller, self.index, vocab.whole_words(words)
         for name in available_dialects():
             dialect = get_dialect(name)
-            _ = self._watch_array(self._begin_bytes(dialect)), self._no_call_words(dialect, words)
-            compiler.vocab.gate_allowed(dialect)
+            _ = self.index.holding_any(self._begin_bytes(dialect)), vocab.no_call_words(dialect, words)
+            vocab.gate_allowed(dialect)
         compiler.warm()
-
-    def _tokens_holding(self, watch: bytes) -> np.ndarray:
-        """Boolean array over the vocabulary: does the token hold any byte of ``watch``?"""
-        out = np.zeros(self.index.size, dtype=bool)
-        for byte in watch:
-            if byte not in self._holds_byte:
-                self._holds_byte[byte] = self.index.holding_byte(byte)
-            out |= self._holds_byte[byte]
-        return out
 
     def admit_params(self, params: Any, prompt: Sequence[int] | None = None) -> RowState | None:
         """:meth:`admit` for a ``SamplingParams``: its stop tokens, ``max_tokens``, stop strings and
@@ -261,7 +249,7 @@ class ConstraintCore:
         )  # fmt: skip
         if gated and watch not in self._quiet_watches:
             self._quiet_watches.add(watch)
-            holds = self._watch_array(watch)
+            holds = self.index.holding_any(watch)
             self._quiet_holds = holds if self._quiet_holds is None else self._quiet_holds | holds
         return state
 
@@ -359,7 +347,7 @@ class ConstraintCore:
         assert span.tags is not None
         if span.tags.end[0] in piece or (not piece.isascii() and utf8_need(0, piece)):
             return None
-        if gate.on and (not gate.watch or self._watch_array(gate.watch)[token]):
+        if gate.on and (not gate.watch or self.index.holding_any(gate.watch)[token]):
             return None
         return matcher
 
@@ -423,7 +411,7 @@ class ConstraintCore:
             return none
         if gate.on and (not gate.watch or (budget is not None and gate.quiet_until != budget.watch_from)):
             return none
-        watched = self._watch_array(gate.watch) if gate.on else None
+        watched = self.index.holding_any(gate.watch) if gate.on else None
         if budget is None:
             return UNWATCHED, watched
         progress = budget.progress
@@ -458,7 +446,7 @@ class ConstraintCore:
         if state.engine.matcher is not None:
             self._feed_engine(state, new_tokens)
         if state.gate.watch:
-            holds = self._watch_array(state.gate.watch)
+            holds = self.index.holding_any(state.gate.watch)
             if not any(holds[t] for t in new_tokens if 0 <= t < len(holds)):
                 # Nothing a tag could be made of: the row's situation is unchanged.
                 if state.gate.pending or state.engine.matcher is not None:
@@ -466,11 +454,6 @@ class ConstraintCore:
                 return
         state.gate.hold(new_tokens)
         self._regate(state)
-
-    def _watch_array(self, watch: bytes) -> np.ndarray:
-        if watch not in self._watched:
-            self._watched[watch] = self._tokens_holding(watch)
-        return self._watched[watch]
 
     def _regate(self, state: RowState) -> None:
         """Switch the engine on or off as the gate reads the row's text (:meth:`Gate.regate`)."""
@@ -713,9 +696,9 @@ class ConstraintCore:
             logger.warning("hermes-vllm: the grammar refuses the forced text %r; not forcing", plan.force)
             budget.drop_forcing()
         if plan.ban_call:
-            words &= self._no_call_words(state.dialect, words.size)
+            words &= self.compiler.vocab.no_call_words(state.dialect, words.size)
         if plan.whole_characters:
-            words &= self._whole_words(words.size)
+            words &= self.compiler.vocab.whole_words(words.size)
         refused = self._refused(state, budget)
         if plan.ban_spans:
             refused += budget.span_openings
@@ -743,29 +726,6 @@ class ConstraintCore:
         found = [index.holding(s) for s in refused]
         found += [index.starting(s[k:]) for s in refused for k in range(1, len(s)) if text.endswith(s[:k])]
         return np.concatenate(found) if len(found) > 1 else found[0]
-
-    def _no_call_words(self, dialect: Dialect, words: int) -> np.ndarray:
-        """Packed mask of the tokens that cannot begin a call tag (hold none of it, and end with no
-        part of its beginning)."""
-        begin = as_latin1(dialect.tool_call.begin)
-        if begin not in self._no_call:
-            prefixes = tuple(begin[:k] for k in range(1, len(begin)))
-            allowed = np.array(
-                [begin not in p and not p.endswith(prefixes) for p in self.compiler.vocab.latin1], dtype=bool
-            )
-            padded = np.ones(words * 32, dtype=bool)
-            padded[: allowed.size] = allowed
-            self._no_call[begin] = np.packbits(padded, bitorder="little").view(np.int32)
-        return self._no_call[begin]
-
-    def _whole_words(self, words: int) -> np.ndarray:
-        """Packed mask of the tokens that do not end inside a character (from a boundary)."""
-        if self._whole is None:
-            allowed = np.array([utf8_need(0, p) == 0 for p in self.compiler.vocab.latin1], dtype=bool)
-            padded = np.ones(words * 32, dtype=bool)
-            padded[: allowed.size] = allowed
-            self._whole = np.packbits(padded, bitorder="little").view(np.int32)
-        return self._whole
 
     @staticmethod
     def _allow_only(bitmask: torch.Tensor, row: int, token_ids: Sequence[int]) -> None:

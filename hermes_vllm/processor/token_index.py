@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from hermes_vllm.grammar.engines.head import SortedVocabulary
+from hermes_vllm.vocabulary import Vocabulary
 
 CACHED_IDS = 1 << 20
 """Token ids the answers kept hold in all (8 MiB), before the table is emptied."""
@@ -42,12 +43,26 @@ class TokenIndex:
         self._sorted = SortedVocabulary(decoded, frozenset())
         self._kept: dict[tuple[bool, str], np.ndarray] = {}
         self._kept_ids = 0
+        self._any: dict[bytes, np.ndarray] = {}
+        """Keyed by the dialects' tag bytes (a handful), never by a client's input."""
 
     def holding_byte(self, byte: int) -> np.ndarray:
         """Boolean array over the vocabulary: does the token hold ``byte``?"""
         out = np.zeros(self.size, dtype=bool)
         out[self.owner[self._positions(byte)]] = True
         return out
+
+    def holding_any(self, watch: bytes) -> np.ndarray:
+        """Boolean array over the vocabulary: does the token hold any byte of ``watch``? (what a
+        gate watches: the first bytes of a dialect's tags).
+        Kept per ``watch``: a gate reads it at every token that may touch a tag."""
+        found = self._any.get(watch)
+        if found is None:
+            found = np.zeros(self.size, dtype=bool)
+            for byte in watch:
+                found |= self.holding_byte(byte)
+            self._any[watch] = found
+        return found
 
     def holding(self, text: str) -> np.ndarray:
         """The tokens whose bytes hold ``text`` (latin-1, not empty), in id order."""
@@ -96,3 +111,9 @@ class TokenIndex:
     def _starting(self, data: bytes) -> np.ndarray:
         lo, hi = self._sorted.prefixed(data)
         return self._sorted.ids_in(lo, hi)
+
+
+def token_index(vocab: Vocabulary) -> TokenIndex:
+    """The :class:`TokenIndex` of ``vocab``, one of its tables (:meth:`Vocabulary.table`): built
+    once per vocabulary, shared by every core of the tokenizer."""
+    return vocab.table("token index", lambda: TokenIndex(vocab.decoded))
