@@ -23,8 +23,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.soundness import tool
 
+from hermes_vllm.gate import GATE_ROLLBACK
 from hermes_vllm.grammar import ToolGrammarCompiler, ToolSchemaError
-from hermes_vllm.grammar.compiler import GATE_ROLLBACK, GrammarCompileError
+from hermes_vllm.grammar.compiler import GrammarCompileError
 from hermes_vllm.grammar.engines import ENGINES, get_engine_class
 from hermes_vllm.grammar.engines.base import allocate_bitmask
 from hermes_vllm.grammar.engines.composed import sorted_vocabulary

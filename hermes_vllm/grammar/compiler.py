@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -17,6 +16,7 @@ import torch
 
 from hermes_vllm.constraint import ConstraintRequest
 from hermes_vllm.dialect import Dialect, get_dialect
+from hermes_vllm.gate import GATE_MARK_FIELDS, GateHistory, TextGate
 from hermes_vllm.grammar.cache import GrammarCache
 from hermes_vllm.grammar.engines import get_engine_class
 from hermes_vllm.grammar.engines.base import (
@@ -42,7 +42,7 @@ from hermes_vllm.schema import (
 )
 from hermes_vllm.schema.unique import refuse_kept_unique
 from hermes_vllm.settings import Limits, get_limits
-from hermes_vllm.spans import Tail, TextFollower
+from hermes_vllm.spans import TextFollower
 from hermes_vllm.turn import ANSWER_NAME, TurnSpec
 from hermes_vllm.vocabulary import Vocabulary
 
@@ -291,45 +291,31 @@ class _Start:
         return token_allowed(self.mask, token_id)
 
 
-GATE_ROLLBACK = 256
-"""Tokens a gated matcher can roll back (speculative decoding rolls back a step's drafts at most):
-its gate keeps where it stood before each of them, and no more."""
-
-_GateMark = tuple[str, Tail, int, int, list[int], int, bool, bool]
-"""Where a gate stood before a token: its follower's text, tail and calls, the bytes its last
-character needs, its pending list and that list's length, terminated, clean."""
-
-
-class _Gate:
+class _Gate(TextGate):
     """Follows a matcher's text to know when it is at a clean point (see :class:`ToolCallMatcher`),
-    through the turn's one tag reader (:class:`~hermes_vllm.spans.TextFollower`).
+    through the turn's one tag reader (:class:`~hermes_vllm.spans.TextFollower`) and the gates'
+    shared text-following (:class:`~hermes_vllm.gate.TextGate`).
 
     A rollback puts back the mark taken before the first token it undoes; the marks of the last
-    :data:`GATE_ROLLBACK` tokens are kept (every field a mark holds is immutable, or a pending
-    list only appended to while bound, marked by its length), so a long turn keeps no history."""
+    :data:`~hermes_vllm.gate.GATE_ROLLBACK` tokens are kept (:class:`~hermes_vllm.gate.GateHistory`),
+    so a long turn keeps no history."""
+
+    __slots__ = ("_history", "_latin1", "_utf8_need", "clean", "start", "terminated")
 
     def __init__(self, dialect: Dialect, latin1: list[str], start: _Start) -> None:
+        super().__init__(TextFollower(dialect))
         self._latin1 = latin1
         self.start = start
-        self._follower = TextFollower(dialect)
         self._utf8_need = 0
         """Continuation bytes the last character still needs."""
-        self.pending: list[int] = []
-        """The tokens since the last clean point (a list bound here is only appended to)."""
         self.terminated = False
         """A stop token was accepted."""
         self.clean = True
         """At a clean point: read on every mask, so kept as a field."""
-        self._marks: deque[_GateMark] = deque(maxlen=GATE_ROLLBACK)
+        self._history = GateHistory()
 
     def feed(self, token_id: int) -> None:
-        follower = self._follower
-        self._marks.append(
-            (
-                follower.text, follower.tail, follower.calls, self._utf8_need,
-                self.pending, len(self.pending), self.terminated, self.clean,
-            )
-        )  # fmt: skip
+        self._history.push((*self.mark(), self._utf8_need, self.terminated, self.clean))
         if token_id in self.start.stops:
             self.terminated = True
             self.clean = False
@@ -337,6 +323,7 @@ class _Gate:
         text = self._latin1[token_id] if 0 <= token_id < len(self._latin1) else ""
         if self._utf8_need or not text.isascii():
             self._utf8_need = utf8_need(self._utf8_need, text)
+        follower = self.follower
         follower.feed(text)
         self.clean = follower.tail.clean and self._utf8_need == 0
         if self.clean:
@@ -349,19 +336,9 @@ class _Gate:
         """Stand where the gate stood before the last ``num_tokens`` tokens."""
         if num_tokens <= 0:
             return
-        if num_tokens > len(self._marks):
-            raise ValueError(
-                f"cannot roll back {num_tokens} tokens: a gated matcher keeps the last {GATE_ROLLBACK}"
-            )
-        for _ in range(num_tokens - 1):
-            self._marks.pop()
-        follower = self._follower
-        (
-            follower.text, follower.tail, follower.calls, self._utf8_need,
-            pending, held, self.terminated, self.clean,
-        ) = self._marks.pop()  # fmt: skip
-        del pending[held:]
-        self.pending = pending
+        mark = self._history.back(num_tokens)
+        self.back_to(mark)
+        self._utf8_need, self.terminated, self.clean = mark[GATE_MARK_FIELDS:]
 
 
 @dataclass(frozen=True)

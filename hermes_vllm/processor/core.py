@@ -240,7 +240,7 @@ class ConstraintCore:
             budget = self._budget(request, spec, follower, max_tokens, thinking_budget)
         watch = self._begin_bytes(spec.dialect) if gated else b""
         gate = Gate(
-            gated, follower, watch=watch, quiet=gated,
+            follower, on=gated, watch=watch, quiet=gated,
             quiet_until=UNWATCHED if budget is None else budget.watch_from,
         )  # fmt: skip
         state = RowState(

@@ -19,12 +19,12 @@ import torch
 from hermes_vllm.budget import TurnBudget
 from hermes_vllm.constraint import ConstraintRequest
 from hermes_vllm.dialect import Dialect
+from hermes_vllm.gate import GATE_MARK_FIELDS, TextGate
 from hermes_vllm.grammar.compiler import (
     PreparedTurn,
     ToolCallMatcher,
 )
 from hermes_vllm.grammar.engines.base import EngineGrammar
-from hermes_vllm.spans import TextFollower
 
 UNWATCHED = 1 << 62
 """A row without a budget: no position from which the budget must read every token."""
@@ -36,22 +36,17 @@ UNWATCHED = 1 << 62
 SPARSE_BANS_MAX = 1024
 
 
-@dataclass(slots=True)
-class Gate:
-    """A row's text since its last clean point, and what the row watches for: the part that lets
-    a gated row (``auto`` mode) run without its engine outside calls
+@dataclass(slots=True, kw_only=True)
+class Gate(TextGate):
+    """A row's text since its last clean point (its :class:`TextGate`: the follower, read by the
+    gate and the budget, which feeds it where the row has one; the tokens since that point, which
+    an engine-only row holds too: the prompt's open span, fed first), and what the row watches
+    for: the part that lets a gated row (``auto`` mode) run without its engine outside calls
     (:mod:`hermes_vllm.processor.core`'s docstring)."""
 
     on: bool
     """Whether the row may leave the engine off outside calls (``auto`` mode); turned off for
     good once the one call a turn allows is made."""
-    follower: TextFollower
-    """The row's text since its last clean point, read by the gate and the budget (which feeds
-    it, where the row has one)."""
-    pending: list[int] = field(default_factory=list)
-    """Tokens since the last clean point: replayed into a fresh matcher when the engine switches on
-    (an engine-only row's: the prompt's open span, fed first). A list bound here is only ever
-    appended to (emptying rebinds it), so that a row's mark records it by its length."""
     watch: bytes = b""
     """While gated: only tokens holding one of these bytes can change anything (empty: check all)."""
     quiet: bool = False
@@ -59,15 +54,6 @@ class Gate:
     Kept up to date by :meth:`ConstraintCore.advance`, so that a step tests one field a row."""
     quiet_until: int = UNWATCHED
     """From this many consumed tokens on, the budget reads every token: the row is never quiet."""
-
-    def hold(self, tokens: Sequence[int]) -> None:
-        """Keep ``tokens`` for a matcher that starts at the last clean point."""
-        self.pending.extend(tokens)
-
-    def take_pending(self) -> list[int]:
-        """The tokens kept since the last clean point, handed to a matcher (and no longer kept)."""
-        tokens, self.pending = self.pending, []
-        return tokens
 
     def regate(self, parallel: bool, begin: bytes) -> bool | None:
         """Read where the text stands: True where the engine must run (a call tag begun or open,
@@ -199,14 +185,13 @@ class RowState:
         """Where the row stands, for a draft path to come back to (:meth:`back_to`): every field
         that changes as the row follows its tokens, read into one tuple. Nothing is copied but
         the budget's progress: the other fields hold immutable values or objects only ever
-        rebound (the paused mask), the gate's pending list is only appended to while bound (its
-        length marks it), and the matcher is marked by its count of accepted tokens (engines
+        rebound (the paused mask), the gate's text is marked as every gate's is
+        (:meth:`TextGate.mark`, first), and the matcher by its count of accepted tokens (engines
         roll back, they cannot copy)."""
         gate, engine = self.gate, self.engine
-        follower, matcher = gate.follower, engine.matcher
+        matcher = engine.matcher
         return (
-            self.consumed, gate.on, gate.pending, len(gate.pending), gate.watch, gate.quiet,
-            gate.quiet_until, follower.text, follower.tail, follower.calls, follower.recent,
+            *gate.mark(), self.consumed, gate.on, gate.watch, gate.quiet, gate.quiet_until,
             matcher, 0 if matcher is None else matcher.accepted, engine.failed, engine.ended,
             engine.paused, engine.paused_bans, None if self.budget is None else self.budget.progress.copy(),
         )  # fmt: skip
@@ -215,14 +200,11 @@ class RowState:
         """Put the row back where :meth:`mark` found it (a mark may be gone back to more than once;
         the marks taken after it are void, since the pending list is cut back to its length)."""
         gate, engine = self.gate, self.engine
-        follower = gate.follower
+        gate.back_to(mark)
         (
-            self.consumed, gate.on, pending, held, gate.watch, gate.quiet, gate.quiet_until,
-            follower.text, follower.tail, follower.calls, follower.recent,
+            self.consumed, gate.on, gate.watch, gate.quiet, gate.quiet_until,
             matcher, accepted, engine.failed, engine.ended, engine.paused, engine.paused_bans, progress,
-        ) = mark  # fmt: skip
-        del pending[held:]
-        gate.pending = pending
+        ) = mark[GATE_MARK_FIELDS:]  # fmt: skip
         engine.matcher = matcher
         if matcher is not None and matcher.accepted > accepted:
             matcher.rollback(matcher.accepted - accepted)
