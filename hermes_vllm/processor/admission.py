@@ -17,10 +17,7 @@ from hermes_vllm.budget import Speller
 from hermes_vllm.budget.needs import TurnNeeds
 from hermes_vllm.constraint import ConstraintRequest, parse_constraint
 from hermes_vllm.dialect import Dialect
-from hermes_vllm.grammar.compiler import (
-    PreparedTurn,
-    prepare_constraint,
-)
+from hermes_vllm.grammar.compiler import PreparedTurn, prepare_constraint
 from hermes_vllm.grammar.engines import get_engine_class
 from hermes_vllm.latin1 import as_latin1
 from hermes_vllm.memo import memoize_small

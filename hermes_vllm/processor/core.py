@@ -39,11 +39,7 @@ from hermes_vllm.budget import NOTHING, Plan, Speller, TurnBudget
 from hermes_vllm.constraint import ConstraintRequest, parse_constraint
 from hermes_vllm.dialect import Dialect, available_dialects, get_dialect
 from hermes_vllm.grammar import GrammarCompileError, ToolGrammarCompiler
-from hermes_vllm.grammar.compiler import (
-    CompiledToolGrammar,
-    ToolCallMatcher,
-    prepare_constraint,
-)
+from hermes_vllm.grammar.compiler import CompiledToolGrammar, ToolCallMatcher, prepare_constraint
 from hermes_vllm.grammar.engines.base import allocate_bitmask, token_allowed
 from hermes_vllm.grammar.engines.xgrammar import batch_accept, batch_fill
 from hermes_vllm.latin1 import utf8_need

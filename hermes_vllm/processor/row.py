@@ -20,10 +20,7 @@ from hermes_vllm.budget import TurnBudget
 from hermes_vllm.constraint import ConstraintRequest
 from hermes_vllm.dialect import Dialect
 from hermes_vllm.gate import GATE_MARK_FIELDS, TextGate
-from hermes_vllm.grammar.compiler import (
-    PreparedTurn,
-    ToolCallMatcher,
-)
+from hermes_vllm.grammar.compiler import PreparedTurn, ToolCallMatcher
 from hermes_vllm.grammar.engines.base import EngineGrammar
 
 UNWATCHED = 1 << 62
