@@ -26,7 +26,7 @@ CALL_TEXT = (
     + "Llanfair pwllgwyngyll gogery chwyrn drobwll "
     + 'Zürich"}}\n</tool_call>\nDone.'
 )
-ROWS = (  # (mode, max_tokens, stop strings): gated or not, far from the alert window or in it
+ROWS = (  # (mode, max_tokens, stop strings): gated or not, far from the alert window, in it, or reaching it
     ("auto", 400, ()),
     ("required", 400, ()),
     ("auto", None, ()),
@@ -34,7 +34,7 @@ ROWS = (  # (mode, max_tokens, stop strings): gated or not, far from the alert w
     ("auto", 400, ("Paris",)),
     ("required", 400, ()),
     ("auto", 400, ()),
-    ("required", 400, ()),
+    ("required", 90, ()),  # the alert window begins halfway through the argument
 )
 
 
@@ -71,7 +71,7 @@ def test_a_step_through_the_lane_leaves_rows_and_masks_as_the_general_path(
     tokenizer: Any, cores: tuple[ConstraintCore, ConstraintCore]
 ) -> None:
     """Eight rows (gated and not, with and without a budget, one steered near its end, one
-    watching a stop string), each a few tokens apart in the same call, stepped together: after
+    reaching its alert window inside the call, one watching a stop string), each a few tokens apart in the same call, stepped together: after
     every step each row and each logits row are those of the general path's."""
     fast_core, full_core = cores
     taken = [0]
@@ -177,3 +177,35 @@ def test_a_token_the_grammar_refuses_in_the_lane_fails_its_row_as_the_general_pa
         assert set(allowed) <= set(states[0].stop_ids)
         masks.append(torch.isinf(logits))
     assert torch.equal(masks[0], masks[1])
+
+
+def test_a_row_in_the_lane_is_not_read_again_for_its_next_tokens(
+    tokenizer: Any, cores: tuple[ConstraintCore, ConstraintCore]
+) -> None:
+    """Once a row has taken the lane, its next tokens there are checked against its ticket alone:
+    the full check (:meth:`ConstraintCore._lengthens`, a dozen reads of the row's parts) runs once
+    a row on entering the lane, not once a token."""
+    core = cores[0]
+    ids = tokenizer.encode(CALL_TEXT, add_special_tokens=False)
+    start = ids.index(tokenizer.encode("Llan", add_special_tokens=False)[-1]) + 1
+    states = [core.admit(constraint_args([WEATHER], "required"), [], max_tokens=400) for _ in range(16)]
+    rows = [state for state in states if state is not None]
+    logits = torch.zeros(len(rows), len(tokenizer))
+    for token in ids[:start]:
+        core.step(logits, [(i, state, [token]) for i, state in enumerate(rows)])
+    reads = [0]
+    full = ConstraintCore._lengthens
+
+    def counted(self: ConstraintCore, state: RowState, token: int) -> Any:
+        reads[0] += 1
+        return full(self, state, token)
+
+    plain = tokenizer.encode(" pwllgwyngyll gogery", add_special_tokens=False)
+    try:
+        ConstraintCore._lengthens = counted  # type: ignore[method-assign]
+        for token in plain:
+            core.step(logits, [(i, state, [token]) for i, state in enumerate(rows)])
+    finally:
+        ConstraintCore._lengthens = full  # type: ignore[method-assign]
+    assert all(state.lane is not None and state.lane.at == state.consumed for state in rows)
+    assert reads[0] == 0, reads

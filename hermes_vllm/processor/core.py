@@ -351,6 +351,33 @@ RowMark = tuple[Any, ...]
 
 
 @dataclass(slots=True)
+class LaneTicket:
+    """What a row entering the call lane (:meth:`ConstraintCore._lane`) was found to be, kept so
+    that its next tokens are checked in O(1) without reading the row again: everything
+    :meth:`ConstraintCore._lengthens` checks of the row holds until the row takes another path,
+    since a lane token changes none of it. Valid while :attr:`at` equals the row's ``consumed``
+    (any other path moves ``consumed`` on without it; failing a row or going back to a mark drops
+    the ticket)."""
+
+    at: int
+    """The row's count of consumed tokens the ticket holds for."""
+    until: int
+    """Lane tokens are taken while the count before them is below this (the budget stays calm:
+    :meth:`TurnBudget.calm_in_call`)."""
+    plain: bytes
+    """Per token, 1 where it only lengthens this call (:meth:`ConstraintCore._plain_tokens`)."""
+    latin1: list[str]
+    follower: TextFollower
+    pending: list[int] | None
+    """A gated row's tokens held since its last clean point (each lane token is appended)."""
+    progress: Any
+    """The budget's progress, whose planned position a lane token moves on (None: no budget)."""
+    matcher: ToolCallMatcher
+    batchable: Any
+    """The matcher's xgrammar matcher, accepted and filled in batch."""
+
+
+@dataclass(slots=True)
 class RowState:
     """One constrained request's row: what admission fixed (shared by copies), how many output
     tokens it has seen, and its three parts: :class:`Gate`, :class:`EngineState` and its
@@ -372,6 +399,8 @@ class RowState:
     """The row's token budgets (span budgets, call reserve, closing cut calls)."""
     consumed: int = 0
     """Output tokens already seen."""
+    lane: LaneTicket | None = None
+    """Where the row took the call lane: its next lane token is checked in O(1)."""
 
     @property
     def dialect(self) -> Dialect:
@@ -403,6 +432,7 @@ class RowState:
         the marks taken after it are void, since the pending list is cut back to its length)."""
         gate, engine = self.gate, self.engine
         follower = gate.follower
+        self.lane = None
         (
             self.consumed, gate.on, pending, held, gate.watch, gate.quiet, gate.quiet_until,
             follower.text, follower.tail, follower.calls, follower.recent,
@@ -440,6 +470,8 @@ class ConstraintCore:
         """Tokens holding a byte any quiet row watches (the union over the dialects seen)."""
         self._quiet_watches: set[bytes] = set()
         self._no_call: dict[str, np.ndarray] = {}
+        self._plain: dict[tuple[str, bytes | None], bytes] = {}
+        """Keyed by the dialects' tag bytes, never by a client's input (:meth:`_plain_tokens`)."""
         self._whole: np.ndarray | None = None
         self.log_refusals = True
         """Whether a token the engine refuses is logged as ending its row (an error). A hosted row
@@ -463,7 +495,7 @@ class ConstraintCore:
 
     def warm(self) -> None:
         """Build what every constrained request needs, once, at the engine's start-up: the
-        vocabulary's tables, the speller, the token index, each dialect's gate and refusal masks
+        vocabulary's tables, the speller, the token index, each dialect's gate, refusal and call-lane masks
         and the engine's own vocabulary setup. Built on a first request instead, they stalled
         every running stream for over a second (``benchmarks/stall.py``); built before vLLM's
         engine freezes its start-up heap, the collector never traverses them again."""
@@ -472,7 +504,9 @@ class ConstraintCore:
         _ = self.speller, self.index, self._whole_words(words)
         for name in available_dialects():
             dialect = get_dialect(name)
-            _ = self._watch_array(self._begin_bytes(dialect)), self._no_call_words(dialect, words)
+            begin, end = self._begin_bytes(dialect), dialect.tool_call.end[0]
+            _ = self._watch_array(begin), self._no_call_words(dialect, words)
+            _ = self._plain_tokens(end, begin), self._plain_tokens(end, None)
             compiler.vocab.gate_allowed(dialect)
         compiler.warm()
 
@@ -716,7 +750,29 @@ class ConstraintCore:
         followed and planned here, its matcher counts the token, and its xgrammar matcher is
         returned: the step accepts the lane's tokens and fills their masks in one batched call
         each, every lane row's decision being :attr:`Fill.ENGINE` (no stop string is watched:
-        ``_lengthens`` lets none through). None, with nothing done, otherwise."""
+        ``_lengthens`` lets none through). None, with nothing done, otherwise.
+
+        A row that took the lane at its last token holds a :class:`LaneTicket`: its next token is
+        checked against the ticket alone (a table lookup, a bound, the stop tokens), since
+        nothing the full check read has moved since."""
+        ticket = state.lane
+        if ticket is None or ticket.at != state.consumed:
+            return self._enter_lane(state, token)
+        at = ticket.at
+        plain = ticket.plain
+        if at >= ticket.until or not 0 <= token < len(plain) or not plain[token] or token in state.stop_ids:
+            return None
+        ticket.follower.text += ticket.latin1[token]
+        state.consumed = ticket.at = at + 1
+        if ticket.pending is not None:
+            ticket.pending.append(token)
+        if ticket.progress is not None:
+            ticket.progress.planned = at + 1
+        ticket.matcher.accepted += 1
+        return ticket.batchable
+
+    def _enter_lane(self, state: RowState, token: int) -> Any:
+        """:meth:`_lane` read from the row itself; a row it takes gets its :class:`LaneTicket`."""
         matcher = self._lengthens(state, token)
         if matcher is None or matcher.batchable is None or token in state.stop_ids:
             return None
@@ -727,7 +783,41 @@ class ConstraintCore:
         if budget is not None:
             budget.skip_plan(state.consumed)  # planned: the budget demands nothing there
         matcher.accepted += 1  # the batch accepts it; a row it refuses fails, matcher and all
+        gate = state.gate
+        tail = gate.follower.tail
+        assert tail.open is not None and tail.open.tags is not None
+        state.lane = LaneTicket(
+            state.consumed, UNWATCHED if budget is None else self._calm_until(budget) - 1,
+            self._plain_tokens(tail.open.tags.end[0], gate.watch if gate.on else None),
+            self.compiler.vocab.latin1, gate.follower, gate.pending if gate.on else None,
+            None if budget is None else budget.progress, matcher, matcher.batchable,
+        )  # fmt: skip
         return matcher.batchable
+
+    @staticmethod
+    def _calm_until(budget: TurnBudget) -> int:
+        """The count of consumed tokens below which, inside a call with nothing forced, the budget
+        demands nothing of the next position (:meth:`TurnBudget.calm_in_call`); a lengthening
+        token changes neither the reserve nor the alert window."""
+        return budget.max_tokens - max(budget.reserve, budget.alert) if budget.close else UNWATCHED
+
+    def _plain_tokens(self, end: str, watch: bytes | None) -> bytes:
+        """Per token of the vocabulary, 1 where it only lengthens a call whose closing tag begins
+        with ``end`` (:meth:`_lengthens`: whole characters, no ``end``, and none of ``watch``'s
+        bytes where a gate watches them), else 0. Keyed by the dialects' tag bytes (a handful),
+        built from the token index's arrays (no token read in Python: :meth:`warm` builds the
+        character table)."""
+        key = (end, watch)
+        found = self._plain.get(key)
+        if found is None:
+            size = len(self.compiler.vocab.latin1)
+            words = self._whole_words((self.vocab_size + 31) // 32)
+            whole = np.unpackbits(words.view(np.uint8), bitorder="little")[:size].astype(bool)
+            plain = whole & ~self.index.holding_byte(ord(end))[:size]
+            if watch is not None:
+                plain &= ~self._watch_array(watch)[:size]
+            found = self._plain[key] = plain.astype(np.uint8).tobytes()
+        return found
 
     def start_engine(self, state: RowState) -> None:
         """Build an engine-only row's matcher now, its grammar compiled (its first fill would:
@@ -764,8 +854,7 @@ class ConstraintCore:
         progress = budget.progress
         if progress.forcing or progress.utf8:
             return none
-        until = budget.max_tokens - max(budget.reserve, budget.alert) if budget.close else UNWATCHED
-        return until, watched
+        return self._calm_until(budget), watched
 
     @staticmethod
     def _follow(state: RowState, piece: str) -> None:
@@ -849,6 +938,7 @@ class ConstraintCore:
             logger.error("hermes-vllm: ending a constrained request: %s", reason)
         state.engine.fail(reason)
         state.gate.stop()
+        state.lane = None
 
     def step(
         self, logits: torch.Tensor, updates: Sequence[tuple[int, RowState, Sequence[int]]]
@@ -883,14 +973,15 @@ class ConstraintCore:
                 self.advance(state, tokens)
                 active.append((row, state))
         if lane_matchers:
-            accepted = batch_accept(lane_matchers, lane_tokens)
-            if not all(accepted):  # a refused token fails its row, which leaves the lane
-                for i in [i for i, ok in enumerate(accepted) if not ok]:
+            refused = batch_accept(lane_matchers, lane_tokens)
+            if refused:  # a refused token fails its row, which leaves the lane
+                for i in refused:
                     message = f"sampled token {lane_tokens[i]} is outside the grammar"
                     self._fail(lane_states[i], message, self.log_refusals)
                     active.append((lane_rows[i], lane_states[i]))
-                lane_rows = [r for r, ok in zip(lane_rows, accepted, strict=True) if ok]
-                lane_matchers = [m for m, ok in zip(lane_matchers, accepted, strict=True) if ok]
+                out = set(refused)
+                lane_rows = [r for i, r in enumerate(lane_rows) if i not in out]
+                lane_matchers = [m for i, m in enumerate(lane_matchers) if i not in out]
         if quiet_states:
             assert self._quiet_holds is not None
             holds = self._quiet_holds
