@@ -374,7 +374,7 @@ class LaneTicket:
     """The budget's progress, whose planned position a lane token moves on (None: no budget)."""
     matcher: ToolCallMatcher
     batchable: Any
-    """The matcher's xgrammar matcher, accepted and filled in batch."""
+    """The matcher's xgrammar handle, accepted and filled in batch."""
 
 
 @dataclass(slots=True)
