@@ -1,7 +1,7 @@
 """How long constrained requests stall the streams already running, ours against vLLM's own path.
 
     python benchmarks/stall.py [--tokenizer qwen3] [--streams 8] [--requests 12] [--fresh-stops 6]
-        [--engine-process] [--out benchmarks/results/stall.json]
+        [--out benchmarks/results/stall.json]
 
 Each server (ours: ``--tool-call-parser hermes_vllm_qwen``; vLLM's: ``--tool-call-parser hermes``,
 whose ``required`` is its structured outputs' JSON schema) serves the tiny model with the
@@ -14,9 +14,9 @@ each constrained request: the worst gap between two chunks of any plain stream w
 after start-up is where every table built on first use is paid; later ones show what each
 request costs the loop, and the ones with fresh stop strings what those cost.
 
-The engine runs in the API server's process (``CPU_ENV``), unless ``--engine-process`` gives it its
-own, as vLLM serves by default: what the API server builds for a first request (the admission
-check's vocabulary) then runs on its own loop, beside the streams' chunks, apart from the engine's.
+The API server runs its engine core in a process of its own (``VLLM_ENABLE_V1_MULTIPROCESSING``
+only moves an offline ``vllm.LLM``'s): a stream's chunk waits for the engine's step and for the API
+server's loop, which also admits each constrained request.
 
 Writes PATH.json and PATH.png; the ratio is ours over vLLM's, in the same run.
 """
@@ -167,7 +167,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--streams", type=int, default=8)
     parser.add_argument("--requests", type=int, default=12)
     parser.add_argument("--fresh-stops", type=int, default=6)
-    parser.add_argument("--engine-process", action="store_true", help="the engine in its own process")
     parser.add_argument("--out", type=Path, default=RESULTS / "stall.json")
     args = parser.parse_args(argv)
 
@@ -178,11 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     model = str(tiny_model_path(args.tokenizer))
     servers: dict[str, Any] = {}
     ours = {"qwen": "hermes_vllm_qwen"}.get(DIALECT_OF.get(args.tokenizer, "hermes"), "hermes_vllm")
-    env = {**CPU_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"} if args.engine_process else CPU_ENV
     for name, flags in SERVERS.items():  # one server at a time: the machine has 2 cores
         flags = tuple(ours if f == "hermes_vllm_qwen" else f for f in flags)
         served = (*flags, *CPU_ARGS, "--max-num-seqs", str(args.streams + 4))
-        with openai_server(model, served, env) as url:
+        with openai_server(model, served, CPU_ENV) as url:
             servers[name] = asyncio.run(drive(url, model, args.streams, args.requests, args.fresh_stops))
         print(name, json.dumps({k: v for k, v in servers[name].items() if k != "requests"}), flush=True)
     ours, theirs = servers["hermes_vllm"], servers["vllm"]
@@ -196,7 +194,6 @@ def main(argv: list[str] | None = None) -> int:
         "streams": args.streams,
         "requests": args.requests,
         "fresh_stops": args.fresh_stops,
-        "engine_process": args.engine_process,
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "command": " ".join(["python benchmarks/stall.py", *(argv or sys.argv[1:])]),
     }
