@@ -14,6 +14,10 @@ each constrained request: the worst gap between two chunks of any plain stream w
 after start-up is where every table built on first use is paid; later ones show what each
 request costs the loop, and the ones with fresh stop strings what those cost.
 
+The API server runs its engine core in a process of its own (``VLLM_ENABLE_V1_MULTIPROCESSING``
+only moves an offline ``vllm.LLM``'s): a stream's chunk waits for the engine's step and for the API
+server's loop, which also admits each constrained request.
+
 Writes PATH.json and PATH.png; the ratio is ours over vLLM's, in the same run.
 """
 

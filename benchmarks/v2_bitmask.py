@@ -15,8 +15,9 @@ The same rows, the same tokens, the same tool, in one process running vLLM 0.34'
   ``accept_tokens`` of each row's token; the bitmask's trip to the GPU and its kernel are not timed.
 
 Each row first writes its way to where it is timed (untimed): a call's string argument (the share
-``--inside`` of the rows, from staggered offsets) or free text (the others). Kinds alternate within
-each repeat; the median microseconds per step, CPU (every thread of the process: the steady figure
+``--inside`` of the rows, from staggered offsets) or free text (the others). The two sides take
+turns step by step (ours, then vLLM's), so that a shared machine's load falls on both alike; the
+median microseconds per step, CPU (every thread of the process: the steady figure
 on a shared machine) and wall, are reported, and the ratios ours / vLLM's.
 
 Usage: python benchmarks/v2_bitmask.py [--rows 256] [--steps 24] [--repeats 3]
@@ -32,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,8 +83,9 @@ class Clock:
         self.cpu += time.process_time() - self._start[1]
 
 
-def time_ours(config: Any, rows: list[list[int]], warm: int) -> list[tuple[float, float]]:
-    """Seconds (wall, CPU) of each timed step through the V2 adapter, without the logits write."""
+def time_ours(config: Any, rows: list[list[int]], warm: int) -> Iterator[tuple[float, float] | None]:
+    """Seconds (wall, CPU) of each step through the V2 adapter, without the logits write (None
+    for the untimed steps); the first item is yielded once the rows are admitted."""
     import torch
     import xgrammar as xgr
     from vllm import SamplingParams
@@ -100,21 +103,19 @@ def time_ours(config: Any, rows: list[list[int]], warm: int) -> list[tuple[float
         assert proc.add_request(slot, params)
     order, ctx = CALL_ORDERS[OVERLAY[:4]], context(range(len(rows)))
     logits = torch.zeros(len(rows), width)
+    yield None
     write = xgr.apply_token_bitmask_inplace
-    xgr.apply_token_bitmask_inplace = lambda *args, **kwargs: None  # the GPU's part
-    samples = []
-    try:
-        for step in range(len(rows[0])):
+    for step in range(len(rows[0])):
+        xgr.apply_token_bitmask_inplace = lambda *args, **kwargs: None  # the GPU's part
+        try:
             with Clock() as clock:
                 play_step(proc, order, step == 0, logits, ctx)
-            if step >= warm:
-                samples.append((clock.wall, clock.cpu))
-            for slot, plan in enumerate(rows):
-                runner.commit(slot, plan[step])
-    finally:
-        xgr.apply_token_bitmask_inplace = write
+        finally:
+            xgr.apply_token_bitmask_inplace = write
+        for slot, plan in enumerate(rows):
+            runner.commit(slot, plan[step])
+        yield (clock.wall, clock.cpu) if step >= warm else None
     assert proc.late_gathers == 0
-    return samples
 
 
 def _structural_tag() -> str:
@@ -130,8 +131,9 @@ def _structural_tag() -> str:
     return json.dumps(tag.model_dump())
 
 
-def time_vllm(config: Any, rows: list[list[int]], warm: int) -> list[tuple[float, float]]:
-    """Seconds (wall, CPU) of each timed step of vLLM's manager: the bitmask, then the tokens."""
+def time_vllm(config: Any, rows: list[list[int]], warm: int) -> Iterator[tuple[float, float] | None]:
+    """Seconds (wall, CPU) of each step of vLLM's manager, the bitmask, then the tokens (None for
+    the untimed steps); the first item is yielded once the grammars are compiled."""
     from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
     from vllm.v1.request import Request
@@ -152,15 +154,27 @@ def time_vllm(config: Any, rows: list[list[int]], warm: int) -> list[tuple[float
         while request.structured_output_request.grammar is None:
             time.sleep(0.001)
     ids = list(requests)
-    samples = []
+    yield None
     for step in range(len(rows[0])):
         with Clock() as clock:
             if step >= warm:
                 manager.grammar_bitmask(requests, ids, {})
             for request, plan in zip(requests.values(), rows, strict=True):
                 assert manager.accept_tokens(request, [plan[step]])
-        if step >= warm:
-            samples.append((clock.wall, clock.cpu))
+        yield (clock.wall, clock.cpu) if step >= warm else None
+
+
+def interleaved(config: Any, rows: list[list[int]], warm: int) -> dict[str, list[tuple[float, float]]]:
+    """Both sides' timed steps, played in turn (ours, then vLLM's, step by step), so that the load
+    other processes put on a shared machine falls on both alike."""
+    sides = dict(zip(KINDS, (time_ours(config, rows, warm), time_vllm(config, rows, warm)), strict=True))
+    for side in sides.values():
+        next(side)  # set up: rows admitted, grammars compiled
+    samples: dict[str, list[tuple[float, float]]] = {kind: [] for kind in KINDS}
+    for pair in zip(*sides.values(), strict=True):
+        for kind, sample in zip(sides, pair, strict=True):
+            if sample is not None:
+                samples[kind].append(sample)
     return samples
 
 
@@ -179,8 +193,8 @@ def measure(tokenizer_name: str, rows: int, shares: list[float], steps: int, rep
         planned, warm = plans(tokenizer, rows, share, steps)
         samples: dict[str, list[tuple[float, float]]] = {kind: [] for kind in KINDS}
         for _ in range(repeats):
-            samples["hermes_vllm"] += time_ours(config, planned, warm)
-            samples["vllm_structural_tag"] += time_vllm(config, planned, warm)
+            for kind, steps_ in interleaved(config, planned, warm).items():
+                samples[kind] += steps_
         figures: dict[str, Any] = {}
         for i, measure_ in enumerate(("wall", "cpu")):
             medians = {

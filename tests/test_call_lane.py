@@ -27,7 +27,7 @@ CALL_TEXT = (
     + "Llanfair pwllgwyngyll gogery chwyrn drobwll "
     + 'Zürich"}}\n</tool_call>\nDone.'
 )
-ROWS = (  # (mode, max_tokens, stop strings): gated or not, far from the alert window or in it
+ROWS = (  # (mode, max_tokens, stop strings): gated or not; far from the alert window, in it, reaching it
     ("auto", 400, ()),
     ("required", 400, ()),
     ("auto", None, ()),
@@ -35,7 +35,7 @@ ROWS = (  # (mode, max_tokens, stop strings): gated or not, far from the alert w
     ("auto", 400, ("Paris",)),
     ("required", 400, ()),
     ("auto", 400, ()),
-    ("required", 400, ()),
+    ("required", 90, ()),  # the alert window begins halfway through the argument
 )
 
 
@@ -72,8 +72,9 @@ def test_a_step_through_the_lane_leaves_rows_and_masks_as_the_general_path(
     tokenizer: Any, cores: tuple[ConstraintCore, ConstraintCore]
 ) -> None:
     """Eight rows (gated and not, with and without a budget, one steered near its end, one
-    watching a stop string), each a few tokens apart in the same call, stepped together: after
-    every step each row and each logits row are those of the general path's."""
+    reaching its alert window inside the call, one watching a stop string), each a few tokens
+    apart in the same call, stepped together: after every step each row and each logits row are
+    those of the general path's."""
     fast_core, full_core = cores
     taken = [0]
     lane = fast_core._lane
@@ -103,19 +104,28 @@ def test_a_step_through_the_lane_leaves_rows_and_masks_as_the_general_path(
     assert taken[0] > 100  # most tokens of most rows' calls
 
 
+def _rows_inside_the_argument(
+    tokenizer: Any, core: ConstraintCore, mode: str
+) -> tuple[list[RowState], torch.Tensor, int]:
+    """16 rows of ``mode`` stepped together into the call's string argument, their logits, and
+    the argument's next token."""
+    ids = tokenizer.encode(CALL_TEXT, add_special_tokens=False)
+    start = ids.index(tokenizer.encode("Llan", add_special_tokens=False)[-1]) + 1
+    admitted = [core.admit(constraint_args([WEATHER], mode), [], max_tokens=400) for _ in range(16)]
+    rows = [state for state in admitted if state is not None]
+    logits = torch.zeros(len(rows), len(tokenizer))
+    for token in ids[:start]:
+        core.step(logits, [(i, state, [token]) for i, state in enumerate(rows)])
+    return rows, logits, ids[start]
+
+
 def test_a_step_of_rows_lengthening_their_calls_asks_nothing_of_them_one_by_one(
     tokenizer: Any, cores: tuple[ConstraintCore, ConstraintCore]
 ) -> None:
     """Inside their calls, rows taking the lane are not decided one by one, nor accepted or filled
     through their matchers' wrappers: one batched accept and one batched fill serve them all."""
     core = cores[0]
-    ids = tokenizer.encode(CALL_TEXT, add_special_tokens=False)
-    start = ids.index(tokenizer.encode("Llan", add_special_tokens=False)[-1]) + 1
-    rows = [core.admit(constraint_args([WEATHER], "auto"), [], max_tokens=400) for _ in range(16)]
-    states = [row for row in rows if row is not None]
-    logits = torch.zeros(len(states), len(tokenizer))
-    for token in ids[:start]:
-        core.step(logits, [(i, state, [token]) for i, state in enumerate(states)])
+    states, logits, token = _rows_inside_the_argument(tokenizer, core, "auto")
     calls: dict[str, int] = {"decide": 0, "accept_token": 0, "fill_bitmask": 0}
     originals = {
         "decide": ConstraintCore.decide,
@@ -135,7 +145,7 @@ def test_a_step_of_rows_lengthening_their_calls_asks_nothing_of_them_one_by_one(
         ToolCallMatcher.accept_token = counting("accept_token")  # type: ignore[method-assign]
         ToolCallMatcher.fill_bitmask = counting("fill_bitmask")  # type: ignore[method-assign]
         logits.zero_()
-        core.step(logits, [(i, state, [ids[start]]) for i, state in enumerate(states)])
+        core.step(logits, [(i, state, [token]) for i, state in enumerate(states)])
     finally:
         ConstraintCore.decide = originals["decide"]  # type: ignore[method-assign]
         ToolCallMatcher.accept_token = originals["accept_token"]  # type: ignore[method-assign]
@@ -178,3 +188,29 @@ def test_a_token_the_grammar_refuses_in_the_lane_fails_its_row_as_the_general_pa
         assert set(allowed) <= set(states[0].stop_ids)
         masks.append(torch.isinf(logits))
     assert torch.equal(masks[0], masks[1])
+
+
+def test_a_row_in_the_lane_is_not_read_again_for_its_next_tokens(
+    tokenizer: Any, cores: tuple[ConstraintCore, ConstraintCore]
+) -> None:
+    """Once a row has taken the lane, its next tokens there are checked against its ticket alone:
+    the full check (:meth:`ConstraintCore._lengthens`, a dozen reads of the row's parts) runs once
+    a row on entering the lane, not once a token."""
+    core = cores[0]
+    rows, logits, _ = _rows_inside_the_argument(tokenizer, core, "required")
+    reads = [0]
+    full = ConstraintCore._lengthens
+
+    def counted(self: ConstraintCore, state: RowState, token: int) -> Any:
+        reads[0] += 1
+        return full(self, state, token)
+
+    plain = tokenizer.encode(" pwllgwyngyll gogery", add_special_tokens=False)
+    try:
+        ConstraintCore._lengthens = counted  # type: ignore[method-assign]
+        for token in plain:
+            core.step(logits, [(i, state, [token]) for i, state in enumerate(rows)])
+    finally:
+        ConstraintCore._lengthens = full  # type: ignore[method-assign]
+    assert all(state.lane is not None and state.lane.at == state.consumed for state in rows)
+    assert reads[0] == 0, reads

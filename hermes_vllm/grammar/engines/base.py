@@ -43,9 +43,9 @@ class EngineMatcher(ABC):
 
     @property
     def batchable(self) -> Any:
-        """The xgrammar ``GrammarMatcher`` this matcher forwards every call to, for its whole life,
-        or None: a step may then accept its tokens and fill its masks in one batched call with
-        other rows' (``xgrammar.BatchGrammarMatcher``), with no Python per row."""
+        """The FFI handle of the xgrammar ``GrammarMatcher`` this matcher forwards every call to,
+        for its whole life, or None: a step may then accept its tokens and fill its masks in one
+        batched call with other rows' (``xgrammar.BatchGrammarMatcher``), with no Python per row."""
         return None
 
 
