@@ -57,13 +57,18 @@ class _Depth:
         i += self.skip
         n = len(text)
         search = _SPECIAL[quotes].search
+        flat = _FLAT[quotes].match
         while i < n:
-            # Jump to the next character that matters (a regex reads the rest at C speed).
-            found = search(text, i)
-            if found is None:
-                i = n
-                break
-            i = found.start()
+            if quote:  # the next character that matters inside the string
+                found = search(text, i)
+                if found is None:
+                    i = n
+                    break
+                i = found.start()
+            else:  # past other text and whole strings to the next bracket or open quote, at C speed
+                i = flat(text, i).end()  # type: ignore[union-attr]  # it matches the empty text
+                if i >= n:
+                    break
             ch = text[i]
             if quote:
                 if ch == "\\":
@@ -71,7 +76,7 @@ class _Depth:
                 elif ch == quote:
                     quote = ""
             elif ch in quotes:
-                quote = ch
+                quote = ch  # a string going on past the text's end
             elif ch in "{[":
                 depth += 1
             elif ch in "}]":
@@ -84,8 +89,19 @@ class _Depth:
         return None
 
 
-_SPECIAL = {quotes: re.compile(f"[{re.escape(quotes)}\\\\{{}}\\[\\]]") for quotes in ('"', "\"'")}
-"""The characters :meth:`_Depth.feed` acts on (a quote, a backslash, a bracket), by its quotes."""
+def _flat(quotes: str) -> re.Pattern[str]:
+    """Text outside strings up to the next bracket or the quote of a string not closed in the text:
+    other characters (a backslash outside a string included) and whole strings, escapes skipped."""
+    other = f"[^{re.escape(quotes)}\\\\{{}}\\[\\]]+"
+    strings = "|".join(f"{q}[^{q}\\\\]*(?:\\\\.[^{q}\\\\]*)*{q}" for q in quotes)
+    return re.compile(f"(?:{other}|{strings}|\\\\)*", re.DOTALL)
+
+
+_FLAT = {quotes: _flat(quotes) for quotes in ('"', "\"'")}
+""":func:`_flat` by :class:`_Depth`'s quotes."""
+
+_SPECIAL = {quotes: re.compile(f"[{re.escape(quotes)}\\\\]") for quotes in ('"', "\"'")}
+"""The characters :meth:`_Depth.feed` acts on inside a string (its quote, a backslash), by its quotes."""
 
 
 def payload_end(text: str, pos: int) -> int | None:
@@ -228,20 +244,68 @@ class Tail(NamedTuple):
         return self.open is None and self.begun is None
 
 
+SHORT_TAIL = 32
+"""Texts up to this long have their tail kept (:func:`read_tail`)."""
+
+SHORT_TAILS_MAX = 4096
+"""The most short texts' tails kept at once (the table is emptied when it is full)."""
+
+_SHORT_TAILS: dict[tuple[int, str], tuple[Dialect, Tail]] = {}
+"""Short texts' tails by the dialect's id and the text (the dialect kept so that the id stays its)."""
+
+
 def read_tail(text: str, dialect: Dialect) -> Tail:
-    """Where ``text`` (a turn, or its part since a clean point) stands; see :class:`Tail`."""
+    """Where ``text`` (a turn, or its part since a clean point) stands; see :class:`Tail`.
+
+    A short text's tail is kept: a row's follower reads a few short texts again and again, one
+    per call at least (the opening tag alone, as the text since a clean point; the stop token's
+    text after a call), each a read of every tag of the dialect. The tail is immutable, so one
+    read serves every row; the table is bounded (:data:`SHORT_TAILS_MAX`)."""
+    if len(text) > SHORT_TAIL:
+        return _read_tail(text, dialect)
+    key = (id(dialect), text)
+    known = _SHORT_TAILS.get(key)
+    if known is not None and known[0] is dialect:
+        return known[1]
+    tail = _read_tail(text, dialect)
+    if len(_SHORT_TAILS) >= SHORT_TAILS_MAX:
+        _SHORT_TAILS.clear()
+    _SHORT_TAILS[key] = (dialect, tail)
+    return tail
+
+
+def _read_tail(text: str, dialect: Dialect) -> Tail:
+    """:func:`read_tail`, read."""
     spans = _bounds(text, dialect, True)
-    calls = sum(s[0] == "call" for s in spans)
-    if spans and not spans[-1][5]:
-        kind, start, end, body_start, _, _, pair = spans[-1]
+    return _tail(text, dialect, spans[-1] if spans else None, sum(s[0] == "call" for s in spans))
+
+
+def _tail(text: str, dialect: Dialect, last: _Bounds | None, calls: int) -> Tail:
+    """The tail of ``text`` whose last span is ``last`` and which holds ``calls`` calls."""
+    if last is not None and not last[5]:
+        kind, start, end, body_start, _, _, pair = last
         assert pair is not None
-        last = Span(kind, start, end, text[body_start:], closed=False, tags=pair)
-        return Tail(last, None, calls, bool(partial_tag_suffix(text, (pair.end,))))
+        span = Span(kind, start, end, text[body_start:], closed=False, tags=pair)
+        return Tail(span, None, calls, bool(partial_tag_suffix(text, (pair.end,))))
     if partial_tag_suffix(text, (dialect.tool_call.begin,)):
         return Tail(None, "call", calls, False)
     if partial_tag_suffix(text, tuple(p.begin for p in dialect.free_spans)):
         return Tail(None, "span", calls, False)
     return Tail(None, None, calls, False)
+
+
+def _call_tail(text: str, dialect: Dialect, pair: TagPair) -> Tail:
+    """:func:`read_tail` of ``text`` that begins with a call's opening tag (``pair``'s), no longer
+    opening tag beginning with it in ``dialect``: the call is the text's first span, so only its
+    end is looked for (a text going on after the call is read whole)."""
+    n = len(text)
+    body_start = len(pair.begin)
+    bounds = _call_end(text, body_start, pair.end, True)
+    if bounds is None:
+        return _tail(text, dialect, ("call", 0, n, body_start, n, False, pair), 1)
+    if bounds[1] < n:
+        return _read_tail(text, dialect)
+    return _tail(text, dialect, ("call", 0, n, body_start, bounds[0], True, pair), 1)
 
 
 class TextFollower:
@@ -253,7 +317,7 @@ class TextFollower:
     at a clean point dropped).
     """
 
-    __slots__ = ("_marks", "calls", "dialect", "reach", "recent", "tail", "text")
+    __slots__ = ("_call_first", "_marks", "calls", "dialect", "reach", "recent", "tail", "text")
 
     def __init__(self, dialect: Dialect, reach: int = 0) -> None:
         self.dialect = dialect
@@ -267,6 +331,12 @@ class TextFollower:
         """The last ``reach`` characters written, clean points or not: where a stop string may
         have begun."""
         self._marks = "".join({p.begin[0] for p in (dialect.tool_call, *dialect.free_spans)})
+        begin = dialect.tool_call.begin
+        self._call_first = not any(
+            len(b) > len(begin) and b.startswith(begin) for b, _, _ in _openers(dialect)
+        )
+        """Whether a text beginning with a call's opening tag has the call as its first span
+        (no longer opening tag begins with it): the end of such a call is read alone (:meth:`feed`)."""
 
     @property
     def calls_begun(self) -> int:
@@ -286,7 +356,11 @@ class TextFollower:
         elif tail.clean and not any(c in piece for c in self._marks):
             return False
         self.text += piece
-        new = read_tail(self.text, self.dialect)
+        if span is not None and span.start == 0 and span.kind == "call" and self._call_first:
+            assert span.tags is not None
+            new = _call_tail(self.text, self.dialect, span.tags)
+        else:
+            new = read_tail(self.text, self.dialect)
         if new.clean:
             self.calls += new.calls
             self.text = ""

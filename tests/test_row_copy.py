@@ -24,6 +24,7 @@ from hermes_vllm.budget import TurnBudget
 from hermes_vllm.budget.turn_budget import Progress
 from hermes_vllm.dialect import get_dialect
 from hermes_vllm.grammar.compiler import ToolCallMatcher
+from hermes_vllm.grammar.engines.xgrammar import XGrammarMatcher
 from hermes_vllm.processor.core import ConstraintCore, EngineState, Gate, RowState
 from hermes_vllm.processor.hosted import HostedGrammar, RowHost
 from hermes_vllm.spans import TextFollower, read_tail
@@ -80,7 +81,7 @@ def changed(value: Any) -> Any:
 
 FIXED = ("request", "prepared", "future")
 """Fields fixed at admission whose values cannot be made up."""
-ADMITTED = ("stop_ids", "refused_stops", "refused_in_calls", "dialect", "reach", "_marks")
+ADMITTED = ("stop_ids", "refused_stops", "refused_in_calls", "dialect", "reach", "_marks", "_call_first")
 """Fields fixed at admission (the row's and its text follower's): never changed, so not marked."""
 REBOUND = {
     "dialect": lambda: get_dialect("chatml-brackets"),
@@ -192,19 +193,24 @@ def test_a_mark_holds_the_pending_tokens_by_their_length(tokenizer: Any) -> None
 
 
 def _counted(grammar: HostedGrammar) -> list[int]:
-    """The tokens the row's engine matcher is offered from now on (the matcher itself counts its
-    net accepted tokens only)."""
+    """The tokens the row's engine is offered from now on, counted on its xgrammar matcher: the
+    hosted row reaches it through its engine matcher or directly (:meth:`EngineMatcher.direct`,
+    taken again here). The matcher itself counts its net accepted tokens only."""
     matcher = grammar.state.engine.matcher
     assert matcher is not None
     inner = matcher.engine_matcher
+    assert isinstance(inner, XGrammarMatcher)
+    engine = inner.inner
     offered: list[int] = []
-    accept = inner.accept_token
+    accept = engine.accept_token
 
     def counting(token: int) -> bool:
         offered.append(token)
-        return accept(token)
+        return bool(accept(token))
 
-    inner.accept_token = counting  # type: ignore[method-assign]
+    engine.accept_token = counting  # type: ignore[method-assign]
+    grammar._engine = None  # the row takes its engine's direct calls again (HostedGrammar._refresh)
+    grammar._until = -1
     return offered
 
 

@@ -320,6 +320,37 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         self._terminated = ok and token in self._state.stop_ids
         return ok
 
+    def _take_whole(self, token: int) -> bool:
+        """Take ``token`` read whole (a tag, the stop token), the host's lock held: for a row whose
+        engine runs everywhere (not gated), running, not paused, and whose matcher is its engine's
+        alone (:attr:`_engine`), what :meth:`ConstraintCore.advance` does to it, without the
+        general reading's layers: the budget plans the position where it has not, follows the
+        token's text, then the engine takes the token directly. Elsewhere, and for a token the
+        engine refuses (the engine left as it was), the core's own :meth:`_accept`."""
+        state = self._state
+        engine = state.engine
+        gate = state.gate
+        if gate.on or engine.paused is not None or engine.failed is not None or self._engine is None:
+            return self._accept(token)
+        if engine.matcher is not self._matcher or not self._feed(token):
+            return self._accept(token)
+        budget = state.budget
+        consumed = state.consumed
+        if budget is not None:
+            if budget.progress.planned != consumed:
+                budget.plan(consumed)
+            latin1 = self._latin1
+            budget.feed(latin1[token] if 0 <= token < len(latin1) else "")
+        state.consumed = consumed + 1
+        matcher = self._matcher
+        assert matcher is not None
+        matcher.accepted += 1
+        stops = token in state.stop_ids
+        engine.ended = stops and self._engine.is_terminated()
+        gate.quiet = False  # the engine runs: what settling after a step gives
+        self._terminated = stops
+        return True
+
     def accept_tokens(self, request_id: str, tokens: list[int]) -> bool:
         """Accept ``tokens``; False, with the row as it was before the call, where one is refused.
 
@@ -333,11 +364,13 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         ``tokens``: the row the path left after the last one has had the next position's fill,
         which accepting it alone has not). On the light path a token costs its engine's accept
         and a few counts; elsewhere the row is marked, settled and advanced under the lock."""
+        whole = -1  # the position of a token found to be read whole already (not asked again)
         if len(tokens) == 1 and not self._back and self._state.consumed < self._until:
             took = self._take_lightly(tokens[0])  # a draft on the draft path, mostly
             if took is not None:
                 self._trim()
                 return took
+            whole = 0
         host = self._host
         trail, back = self._trail, self._back
         taken = 0
@@ -357,7 +390,7 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
                     self._refresh()
             if state.consumed < self._until:
                 # This position's fill is the engine's alone: it changes nothing in the row.
-                took = self._take_lightly(token)
+                took = None if i == whole else self._take_lightly(token)
                 if took is not None:
                     if not took:
                         with host.lock:
@@ -373,7 +406,7 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
                     host.settle(state)  # what the fill this position gets without drafts does
                 self._sync()
                 trail.append((state.mark(), token, self._terminated, None))
-                if self._terminated or not self._accept(token):
+                if self._terminated or not self._take_whole(token):
                     self._undo(start)
                     return False
         self._trim()
