@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hermes_vllm.dialect import Dialect, TagPair, get_dialect
-from hermes_vllm.spans import CallEndScanner, payload_end, split_spans
+from hermes_vllm import spans
+from hermes_vllm.spans import CallEndScanner, TextFollower, payload_end, split_spans
 
 HERMES = get_dialect("hermes")
 
@@ -134,3 +135,43 @@ def test_the_scanner_ends_a_call_where_split_spans_ends_the_finished_one(
 )
 def test_payload_end_reads_both_quote_styles(text: str, pos: int, end: int | None) -> None:
     assert payload_end(text, pos) == end
+
+
+FOLLOWED = [*PIECES, "<tool_call>", "<tool", "_call>", "<think>", "</think>", "</", "{\"a\": ", "x" * 40]
+
+
+@settings(max_examples=300, deadline=None)
+@given(pieces=st.lists(st.sampled_from(FOLLOWED), max_size=30))
+def test_the_follower_reads_the_tail_its_text_has(pieces: list[str]) -> None:
+    """Wherever the follower reads its tail (a short text's kept, a call's end read alone), the
+    tail is the one a full reading of its text gives."""
+    follower = TextFollower(HERMES)
+    for piece in pieces:
+        if follower.feed(piece) and not follower.tail.clean:
+            assert follower.tail == spans._read_tail(follower.text, HERMES), follower.text
+
+
+def test_a_call_followed_again_reads_no_span_boundaries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row's follower reads its tail at the call's tags: the opening tag alone is a short text
+    whose tail is kept for every row, and inside the call only the call's end is looked for (its
+    payload, then its closing tag), not every tag of the dialect from the text's start. So a
+    second row following the same call, a closing tag inside a string included, reads no text
+    for its span boundaries (:func:`spans._bounds`)."""
+    pieces = ["<tool_call>", "\n", '{"name": "f", "arguments": {"a": "', "</tool_call>", '"}}', "\n", "</tool_call>"]
+    first = TextFollower(HERMES)
+    for piece in pieces:
+        first.feed(piece)
+    assert first.tail.clean and first.calls == 1
+    read = 0
+    bounds = spans._bounds
+
+    def counted(*args: object) -> object:
+        nonlocal read
+        read += 1
+        return bounds(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(spans, "_bounds", counted)
+    second = TextFollower(HERMES)
+    assert [second.feed(piece) for piece in pieces] == [True, False, False, True, False, False, True]
+    assert second.tail.clean and second.calls == 1
+    assert read == 0
