@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import gc
 import json
-import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -40,7 +39,7 @@ from hermes_vllm.grammar.cache import GrammarCache
 from hermes_vllm.grammar.compiler import prepare_constraint
 from hermes_vllm.grammar.engines.base import allocate_bitmask
 from hermes_vllm.grammar.engines.xgrammar import XGrammarEngine
-from hermes_vllm.memo import SizedMemo
+from hermes_vllm.memo import clear_memos
 from hermes_vllm.schema import ToolSchemaError
 
 SIZES = (1, 8, 32, 139, 400)
@@ -53,16 +52,6 @@ TARGETS = {  # issue 19, at 400 tools (checked at the largest size run): 2 cores
 PREFIX, SUFFIX = "Let me look that up. ", " Done."
 VLLM_CACHE_MB = 512
 """``VLLM_XGRAMMAR_CACHE_MB``'s default."""
-
-
-def clear_memos() -> None:
-    """Empty every per-request memo of the package's loaded modules (found by their type, so a
-    memo added later is cleared too), as a server's first request finds them."""
-    for name, module in list(sys.modules.items()):
-        if name.startswith("hermes_vllm."):
-            for value in vars(module).values():
-                if isinstance(value, SizedMemo):
-                    value.cache_clear()
 
 
 class Ours:

@@ -28,7 +28,7 @@ from compile import RESULTS, _compiler
 from hermes_vllm.grammar.cache import GrammarCache
 from hermes_vllm.grammar.engines.ebnf import fold_gaps, merge_equal_rules
 from hermes_vllm.grammar.engines.xgrammar import XGrammarEngine, _is_basic, turn_ebnf
-from hermes_vllm.grammar.turn import TurnSpec
+from hermes_vllm.turn import TurnSpec
 
 GENERIC = "probe_generic_name"
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from typing import Generic, ParamSpec, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar
 
 CHARS = 8 * 1024 * 1024
 """Total length of the inputs each memo keeps: some thirty agents' 400-tool sets, or tens of
@@ -70,6 +71,7 @@ class SizedMemo(Generic[P, R]):
         self._fn = fn
         self._size = size
         self._memo = _SizedLru(CHARS)
+        _MADE.add(self)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         n = self._size(*args, **kwargs)
@@ -87,6 +89,18 @@ class SizedMemo(Generic[P, R]):
 def memoize_small(size: Callable[..., int]) -> Callable[[Callable[P, R]], SizedMemo[P, R]]:
     """Decorator: :class:`SizedMemo` of the function, ``size(...)`` being a call's input length."""
     return lambda fn: SizedMemo(fn, size)
+
+
+_MADE: weakref.WeakSet[SizedMemo[..., Any]] = weakref.WeakSet()
+"""Every :class:`SizedMemo` alive (held weakly: one per memoised function), for :func:`clear_memos`."""
+
+
+def clear_memos() -> None:
+    """Empty every :class:`SizedMemo`, so that a benchmark measures a tool set's first request
+    again as a server's first request finds it (the memos' maker answers, where the benchmark
+    once scanned every loaded module's globals for them)."""
+    for memo in list(_MADE):
+        memo.cache_clear()
 
 
 K = TypeVar("K", bound=Hashable)

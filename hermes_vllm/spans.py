@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from hermes_vllm.dialect import Dialect, TagPair, get_dialect
+from hermes_vllm.latin1 import as_latin1
 
 SpanKind = Literal["text", "reasoning", "hidden", "call"]
 
@@ -379,8 +380,8 @@ class CallTagScanner:
     """
 
     def __init__(self, dialect: Dialect) -> None:
-        self.begin = _latin1(dialect.tool_call.begin)
-        self.spans = [(_latin1(p.begin), _latin1(p.end)) for p in dialect.free_spans]
+        self.begin = as_latin1(dialect.tool_call.begin)
+        self.spans = [(as_latin1(p.begin), as_latin1(p.end)) for p in dialect.free_spans]
         self.span: int | None = None
         """The reasoning / hidden span the text is inside (its index), if any."""
         self.carry = ""
@@ -429,7 +430,7 @@ class CallEndScanner:
     __slots__ = ("depth", "end", "tail")
 
     def __init__(self, dialect: Dialect) -> None:
-        self.end = _latin1(dialect.tool_call.end)
+        self.end = as_latin1(dialect.tool_call.end)
         self.depth = _Depth('"')
         self.tail: str | None = None
         """The text since the arguments closed (None while they are open)."""
@@ -446,10 +447,6 @@ class CallEndScanner:
         self.tail += piece[i:]
         at = self.tail.find(self.end)
         return None if at < 0 else i + at + len(self.end) - before
-
-
-def _latin1(tag: str) -> str:
-    return tag.encode().decode("latin-1")
 
 
 def open_at_end(prompt: str, dialect: Dialect) -> Span | None:

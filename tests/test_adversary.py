@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from hermes_vllm import constraint_args
-from hermes_vllm.budget import MARK, CallCompleter, as_latin1
+from hermes_vllm.budget import MARK, CallCompleter
 from hermes_vllm.dialect import get_dialect
+from hermes_vllm.latin1 import as_latin1
 from hermes_vllm.processor.core import ConstraintCore
 from hermes_vllm.testing.adversary import Scenario, _marks_for, run
 

@@ -15,7 +15,7 @@ import pytest
 
 from hermes_vllm import constraint_args
 from hermes_vllm.grammar import ToolGrammarCompiler
-from hermes_vllm.memo import CHARS, MAX_CHARS, memoize_small
+from hermes_vllm.memo import CHARS, MAX_CHARS, clear_memos, memoize_small
 from hermes_vllm.processor.core import validate_request
 from hermes_vllm.settings import Limits
 
@@ -180,3 +180,6 @@ def test_request_memos_never_hold_maximum_size_inputs() -> None:
     check.cache_clear()  # a benchmark's first request again
     check(others[-1])
     assert seen == [large, others[-1]]
+    clear_memos()  # every memo's maker empties them all, this one too
+    check(others[-1])
+    assert seen == [large, others[-1], others[-1]]

@@ -456,9 +456,9 @@ def test_the_turns_spans_share_one_reasoning_budget(tokenizer: Any) -> None:
 def test_the_frontend_refuses_exactly_below_the_engines_reserve_mark_included(tokenizer: Any) -> None:
     """One count of the reserve: the smallest ``max_tokens`` the frontend admits is the engine's
     reserve, which holds the shortest call and the mark of a call the budget closes."""
-    from hermes_vllm.budget import served_vocabulary
     from hermes_vllm.processor.core import prepared_turn, validate_request
     from hermes_vllm.settings import get_limits
+    from hermes_vllm.vocabulary import served_vocabulary
 
     speller = served_vocabulary(tokenizer).speller
     args = constraint_args([TOOL], "required")

@@ -186,13 +186,13 @@ def test_the_engine_sorts_its_vocabulary_ahead_of_a_first_many_tool_request(tiny
     import threading
 
     from hermes_vllm.grammar.engines import composed
-    from hermes_vllm.grammar.engines.base import Vocabulary
     from hermes_vllm.grammar.engines.xgrammar import XGrammarEngine
+    from hermes_vllm.vocabulary import Vocabulary
 
-    vocab = Vocabulary.from_tokenizer(_tokenizer(tiny_model_131k))
-    composed._SORTED.pop(vocab.fingerprint, None)
+    vocab = Vocabulary.from_tokenizer(_tokenizer(tiny_model_131k))  # a fresh tokenizer: no tables yet
+    assert not vocab.has_table(composed._SORTED)
     XGrammarEngine(vocab)
     for thread in threading.enumerate():
         if thread.name == "hermes-vllm-sort-vocab":
             thread.join()
-    assert vocab.fingerprint in composed._SORTED
+    assert vocab.has_table(composed._SORTED)

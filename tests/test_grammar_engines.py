@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from dataclasses import astuple
 from typing import Any
 
 import pytest
@@ -23,11 +24,12 @@ from hypothesis import strategies as st
 from support.soundness import tool
 
 from hermes_vllm.grammar import ToolGrammarCompiler, ToolSchemaError
-from hermes_vllm.grammar.compiler import GrammarCompileError
+from hermes_vllm.grammar.compiler import GATE_ROLLBACK, GrammarCompileError
 from hermes_vllm.grammar.engines import ENGINES, get_engine_class
 from hermes_vllm.grammar.engines.base import allocate_bitmask
+from hermes_vllm.grammar.engines.composed import sorted_vocabulary
 from hermes_vllm.grammar.engines.outlines import END, MAX_ITEMS_BOUND, OutlinesEngine, avoiding
-from hermes_vllm.grammar.turn import turn_spec
+from hermes_vllm.grammar.turn import turn_shape, turn_spec
 from hermes_vllm.schema import CONSTRAINING, normalize_tools
 from hermes_vllm.settings import Limits
 
@@ -631,3 +633,72 @@ def test_gated_matcher_masks_exactly_like_the_engine(engine: str, dialect: str, 
     assert not gated.accept_token(ids[0]) and not plain.accept_token(ids[0])
     assert skipped >= 8, "the test must go through clean points"
     assert refusals >= 8, "the test must offer refused tokens"
+
+
+def test_gated_matcher_keeps_a_bounded_window_and_rolls_back_across_it(tokenizer: Any) -> None:
+    """The gate keeps where it stood for the last ``GATE_ROLLBACK`` tokens only (its history once
+    grew with every token of a turn, and a rollback replayed all of it): a rollback across clean
+    points, a call and a split character within the window lands where the engine does; one
+    beyond it is refused, the matcher unchanged."""
+    compiled = compiler_for("xgrammar", tokenizer).compile([tool(PUT, "put")])
+    gated, plain = compiled.matcher(), compiled.matcher(gated=False)
+    a, b = allocate_bitmask(1, compiled.vocab.vocab_size), allocate_bitmask(1, compiled.vocab.vocab_size)
+    turn = "free text 你好 " * 60 + GATE_TURNS["hermes"]
+    ids = tokenizer.encode(turn, add_special_tokens=False)
+    assert len(ids) > GATE_ROLLBACK + 16, "the turn must outgrow the window"
+    for token in ids:
+        assert gated.accept_token(token) and plain.accept_token(token)
+    gated.rollback(GATE_ROLLBACK)
+    plain.rollback(GATE_ROLLBACK)
+    for token in ids[-GATE_ROLLBACK:]:
+        gated.fill_bitmask(a, 0)
+        plain.fill_bitmask(b, 0)
+        assert torch.equal(a, b) and gated.can_end() == plain.can_end()
+        assert gated.accept_token(token) and plain.accept_token(token)
+    with pytest.raises(ValueError, match="cannot roll back"):
+        gated.rollback(GATE_ROLLBACK + 1)
+    assert gated.accepted == plain.accepted and gated.can_end() and gated.accept_token(tokenizer.eos_token_id)
+
+
+def test_a_vocabulary_and_its_tables_are_built_once_per_tokenizer(tokenizer: Any) -> None:
+    """Compilers of one tokenizer share one :class:`Vocabulary`, which owns every table derived
+    from it (they lived in module globals keyed by its fingerprint, one without a lock); another
+    width is another vocabulary, with tables of its own."""
+    first = ToolGrammarCompiler(tokenizer, engine="xgrammar").vocab
+    again = ToolGrammarCompiler(tokenizer, engine="llguidance").vocab
+    assert again is first
+    assert sorted_vocabulary(again) is sorted_vocabulary(first) and first.has_table("sorted")
+    wider = ToolGrammarCompiler(tokenizer, vocab_size=len(tokenizer) + 64).vocab
+    assert wider is not first and wider.vocab_size == len(tokenizer) + 64 and not wider.has_table("sorted")
+
+
+@pytest.mark.parametrize(
+    ("choice", "parallel", "answer", "shape"),
+    [
+        ("auto", True, False, ((), False, "any", "any", True)),
+        ("auto", False, False, ((), False, "one", "none", True)),
+        ("required", True, False, ((), True, "any", "any", True)),
+        ("required", False, False, ((), True, "none", "none", True)),
+        ("none", True, False, ((), False, "none", "any", False)),
+        ("auto", True, True, (("calls", "answer"), False, "any", "any", True)),
+        ("required", False, True, (("calls",), False, "one", "none", True)),
+        ("none", True, True, (("answer",), False, "one", "any", False)),
+    ],
+)
+def test_a_turns_shape_is_decided_once_for_every_engine(
+    choice: str, parallel: bool, answer: bool, shape: tuple[Any, ...], tokenizer: Any
+) -> None:
+    """Mode x parallel calls x answer become one :class:`TurnShape` (each engine decided it
+    itself), and every engine's grammar of the turn is a printing of it: a turn that opens with
+    a call refuses free text first on each, one that allows one call refuses a second."""
+    schema = {"type": "object", "properties": {"r": {"type": "string"}}, "required": ["r"]}
+    specs = normalize_tools(TOOLS, Limits())
+    written = normalize_tools([tool(schema, "a")], Limits())[0] if answer else None
+    assert astuple(turn_shape(turn_spec(specs, choice, parallel, answer=written))) == shape
+    if answer:  # the answer's printing is read by tests/test_answer.py
+        return
+    ids = tokenizer.encode("Hi " + PUT_CALL + " then " + PUT_CALL, add_special_tokens=False)
+    for engine in ("xgrammar", "llguidance", "outlines"):
+        matcher = compiler_for(engine, tokenizer).compile(TOOLS, choice, parallel).matcher()
+        accepted = all(matcher.accept_token(t) for t in ids)
+        assert accepted == (shape[2] == "any" and not shape[1]), (engine, choice, parallel)

@@ -21,7 +21,6 @@ from vllm.v1.structured_output import StructuredOutputManager
 from vllm.v1.structured_output.backend_types import StructuredOutputGrammar
 from vllm.v1.structured_output.request import StructuredOutputRequest
 
-from hermes_vllm.budget import served_vocabulary
 from hermes_vllm.constraint import ARGS_KEY
 from hermes_vllm.dialect import get_dialect
 from hermes_vllm.parsers import PARSERS, dialects, parser_class_names
@@ -29,6 +28,7 @@ from hermes_vllm.parsers.dialects import HermesReasoningParser, HermesToolParser
 from hermes_vllm.parsers.reasoning_parser import DialectReasoningParser
 from hermes_vllm.spans import split_spans
 from hermes_vllm.testing import tiny_model_path
+from hermes_vllm.vocabulary import served_vocabulary
 
 WEATHER = {
     "type": "function",

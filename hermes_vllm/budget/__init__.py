@@ -6,9 +6,8 @@ text a row is steered to, spelled in the served vocabulary's tokens. Engine- and
 """
 
 from hermes_vllm.budget.completer import AnswerCompleter, CallCompleter
-from hermes_vllm.budget.served import ServedVocabulary, served_vocabulary
 from hermes_vllm.budget.shortest import Measure
-from hermes_vllm.budget.speller import Speller, as_latin1
+from hermes_vllm.budget.speller import Speller
 from hermes_vllm.budget.turn_budget import MARK, NOTHING, Plan, TurnBudget, call_reserve
 
 __all__ = [
@@ -18,10 +17,7 @@ __all__ = [
     "CallCompleter",
     "Measure",
     "Plan",
-    "ServedVocabulary",
     "Speller",
     "TurnBudget",
-    "as_latin1",
     "call_reserve",
-    "served_vocabulary",
 ]

@@ -33,11 +33,11 @@ from hermes_vllm.budget.shortest import (
     shortest_value,
 )
 from hermes_vllm.dialect import Dialect
-from hermes_vllm.grammar.turn import ANSWER_NAME
 from hermes_vllm.memo import MISSING, TextKeyed
 from hermes_vllm.schema import canonical_json
 from hermes_vllm.schema.formats import formats_as_patterns
 from hermes_vllm.schema.tree import repoint_refs
+from hermes_vllm.turn import ANSWER_NAME
 
 
 def _envelopes(dialect: Dialect, tools: Sequence[tuple[str, Schema]]) -> list[tuple[Schema, Schema]]:
@@ -189,7 +189,7 @@ class AnswerCompleter:
     """The shortest completions of one answer schema (a turn's ``response_format`` JSON).
 
     The answer is a JSON value under its schema, like a call's arguments: it is read as the
-    arguments of a call named :data:`~hermes_vllm.grammar.turn.ANSWER_NAME` (name first), and the
+    arguments of a call named :data:`~hermes_vllm.turn.ANSWER_NAME` (name first), and the
     call's own ending (``}`` and the closing tag) is taken off again. So the answer is finished the
     same way a call is, with no second reader of partial JSON to keep in step.
     """

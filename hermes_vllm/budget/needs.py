@@ -15,7 +15,7 @@ from typing import Any
 from hermes_vllm.budget.completer import AnswerCompleter, CallCompleter
 from hermes_vllm.budget.speller import Speller
 from hermes_vllm.budget.turn_budget import call_reserve
-from hermes_vllm.grammar.turn import TurnSpec
+from hermes_vllm.turn import TurnSpec
 
 
 class TurnNeeds:

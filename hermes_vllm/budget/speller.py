@@ -1,7 +1,7 @@
 """Spelling text in one vocabulary's tokens: what the budgets force is written with these tokens.
 
-The budget reads tokens as latin-1 text (one char a byte, :func:`as_latin1`), so a token that
-ends inside a UTF-8 character is still text; :class:`Speller` counts and spells such text by
+The budget reads tokens as latin-1 text (one char a byte, :mod:`hermes_vllm.latin1`), so a token
+that ends inside a UTF-8 character is still text; :class:`Speller` counts and spells such text by
 greedy longest prefix, the measure every completion is compared by.
 """
 
@@ -9,33 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from hermes_vllm.latin1 import as_latin1
 from hermes_vllm.memo import MISSING, TextKeyed
 
 _LONGEST = 64
 """Longest token spelling tried when spelling text (characters)."""
 _COUNTED_CHARS = 1 << 20
 """Text a :class:`Speller` keeps the counts of, in all."""
-
-
-def as_latin1(text: str) -> str:
-    """``text``'s UTF-8 bytes as latin-1, one char a byte: how the budget and the core read tokens."""
-    return text.encode("utf-8").decode("latin-1")
-
-
-def finish_character(text: str) -> str:
-    """Continuation bytes (latin-1) that complete a character split at the end of ``text``,
-    chosen so the character is valid UTF-8 (no overlong form, no surrogate)."""
-    for back in range(1, min(4, len(text)) + 1):
-        byte = ord(text[-back])
-        if 0x80 <= byte < 0xC0:
-            continue
-        size = 4 if byte >= 0xF0 else 3 if byte >= 0xE0 else 2 if byte >= 0xC0 else 1
-        missing = size - back
-        if missing <= 0:
-            return ""
-        first = {0xE0: 0xA0, 0xF0: 0x90}.get(byte, 0x80) if back == 1 else 0x80
-        return chr(first) + "\x80" * (missing - 1)
-    return ""
 
 
 class Speller:

@@ -30,12 +30,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hermes_vllm.budget.completer import AnswerCompleter, CallCompleter
-from hermes_vllm.budget.speller import Speller, as_latin1, finish_character
+from hermes_vllm.budget.speller import Speller
 from hermes_vllm.dialect import Dialect
-from hermes_vllm.grammar.compiler import utf8_need
-from hermes_vllm.grammar.turn import MARK as MARK
+from hermes_vllm.latin1 import as_latin1, as_text, finish_character, utf8_need
 from hermes_vllm.metrics import BUDGET_ACTIONS, events
 from hermes_vllm.spans import Tail, TextFollower, partial_tag_suffix
+from hermes_vllm.turn import MARK as MARK
 
 _SPLIT_WINDOW = 4
 """Tokens before a span's budget is spent from which no character may be left split (a split one
@@ -381,7 +381,7 @@ class TurnBudget:
             if left > bound + self.margin + self.answer_lookahead:
                 return NOTHING
         progress.answer_at = -1
-        written = progress.answer_text.encode("latin-1").decode("utf-8", errors="replace")
+        written = as_text(progress.answer_text)
         completion = self.answer.complete(written, self.speller.tokens)
         if completion is None:  # no reading known
             return NOTHING
@@ -422,7 +422,7 @@ class TurnBudget:
         # A random or weak model leaves split characters behind: finish the last one first, and
         # read any other as U+FFFD (inside a string, where the grammar let it through).
         fix = finish_character(call)
-        written = (call + fix).encode("latin-1").decode("utf-8", errors="replace")
+        written = as_text(call + fix)
         completion = self.completer.complete(written, self.speller.tokens)
         if completion is None:
             return NOTHING

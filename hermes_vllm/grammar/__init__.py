@@ -9,7 +9,7 @@ from hermes_vllm.grammar.compiler import (
     shared_cache,
 )
 from hermes_vllm.grammar.engines import ENGINES, get_engine_class
-from hermes_vllm.grammar.turn import TurnSpec, turn_spec
+from hermes_vllm.grammar.turn import turn_spec
 from hermes_vllm.schema import ToolSchemaError
 
 __all__ = [

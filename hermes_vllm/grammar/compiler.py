@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -22,12 +23,12 @@ from hermes_vllm.grammar.engines.base import (
     EngineGrammar,
     EngineMatcher,
     GrammarEngine,
-    Vocabulary,
     allocate_bitmask,
     token_allowed,
 )
-from hermes_vllm.grammar.turn import ANSWER_NAME, TurnSpec, turn_spec
+from hermes_vllm.grammar.turn import turn_spec
 from hermes_vllm.grammar.unique import UniqueGuard
+from hermes_vllm.latin1 import utf8_need
 from hermes_vllm.memo import memoize_small
 from hermes_vllm.metrics import CACHE_HITS, CACHE_MISSES, COMPILE_SECONDS
 from hermes_vllm.schema import (
@@ -41,7 +42,9 @@ from hermes_vllm.schema import (
 )
 from hermes_vllm.schema.unique import refuse_kept_unique
 from hermes_vllm.settings import Limits, get_limits
-from hermes_vllm.spans import TextFollower
+from hermes_vllm.spans import Tail, TextFollower
+from hermes_vllm.turn import ANSWER_NAME, TurnSpec
+from hermes_vllm.vocabulary import Vocabulary
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +73,7 @@ class PreparedTurn:
     """The request's tools no call can satisfy, left out of the grammar (and of the budgets)."""
 
 
-def prepare_turn(
+def _prepare_turn(
     tools: Sequence[Any] | None,
     tool_choice: Any,
     parallel_tool_calls: bool,
@@ -123,14 +126,14 @@ def prepare_turn(
 def prepare_constraint(
     request: ConstraintRequest, engine: type[GrammarEngine], limits: Limits, *, admitted: bool = False
 ) -> PreparedTurn:
-    """:func:`prepare_turn` of a request's decoded constraint, memoised by its JSON text.
+    """:func:`_prepare_turn` of a request's decoded constraint, memoised by its JSON text.
 
     The one memo of prepared turns, for the logits processor's admission and its frontend check,
     which both pass the constraint the request's ``extra_args`` were decoded into once. Agents
     resend the same tools with every turn, and preparing them again (normalising, rewriting,
     coverage) costs milliseconds for a large tool set.
     """
-    return prepare_turn(
+    return _prepare_turn(
         list(request.tools), request.tool_choice, request.parallel_tool_calls, request.dialect,
         request.coverage, engine, limits, admitted=admitted, answer=request.answer,
     )  # fmt: skip
@@ -227,14 +230,15 @@ class ToolCallMatcher:
             self._unique.ban(bitmask[row].numpy())
 
     def rollback(self, num_tokens: int = 1) -> None:
+        gate = self._gate
+        if gate is not None:
+            gate.rollback(num_tokens)  # first: beyond its window it refuses, the matcher unchanged
         self.accepted -= num_tokens
         if self._unique is not None:
             self._unique.rollback(num_tokens)
-        gate = self._gate
         if gate is None:
             self._inner.rollback(num_tokens)
             return
-        gate.rollback(num_tokens)
         if not gate.clean:  # rollbacks are rare: replay the tokens since the last clean point
             self._inner = self._fresh()
             for token_id in gate.pending:
@@ -275,17 +279,6 @@ class ToolCallMatcher:
         return self._inner.can_end()
 
 
-def utf8_need(need: int, data: str) -> int:
-    """Continuation bytes still missing after ``data`` (bytes as latin-1 chars), given ``need`` before."""
-    for ch in data:
-        byte = ord(ch)
-        if 0x80 <= byte < 0xC0:
-            need = max(need - 1, 0)
-        else:
-            need = 3 if byte >= 0xF0 else 2 if byte >= 0xE0 else 1 if byte >= 0xC0 else 0
-    return need
-
-
 @dataclass(frozen=True)
 class _Start:
     """What the engine says at the grammar's start, for one set of stop tokens."""
@@ -298,33 +291,45 @@ class _Start:
         return token_allowed(self.mask, token_id)
 
 
+GATE_ROLLBACK = 256
+"""Tokens a gated matcher can roll back (speculative decoding rolls back a step's drafts at most):
+its gate keeps where it stood before each of them, and no more."""
+
+_GateMark = tuple[str, Tail, int, int, list[int], int, bool, bool]
+"""Where a gate stood before a token: its follower's text, tail and calls, the bytes its last
+character needs, its pending list and that list's length, terminated, clean."""
+
+
 class _Gate:
     """Follows a matcher's text to know when it is at a clean point (see :class:`ToolCallMatcher`),
-    through the turn's one tag reader (:class:`~hermes_vllm.spans.TextFollower`)."""
+    through the turn's one tag reader (:class:`~hermes_vllm.spans.TextFollower`).
+
+    A rollback puts back the mark taken before the first token it undoes; the marks of the last
+    :data:`GATE_ROLLBACK` tokens are kept (every field a mark holds is immutable, or a pending
+    list only appended to while bound, marked by its length), so a long turn keeps no history."""
 
     def __init__(self, dialect: Dialect, latin1: list[str], start: _Start) -> None:
-        self._dialect = dialect
         self._latin1 = latin1
         self.start = start
-        self._history: list[int] = []
-        self._reset()
-
-    def _reset(self) -> None:
-        self._follower = TextFollower(self._dialect)
+        self._follower = TextFollower(dialect)
         self._utf8_need = 0
         """Continuation bytes the last character still needs."""
         self.pending: list[int] = []
-        """The tokens since the last clean point."""
+        """The tokens since the last clean point (a list bound here is only appended to)."""
         self.terminated = False
         """A stop token was accepted."""
         self.clean = True
         """At a clean point: read on every mask, so kept as a field."""
+        self._marks: deque[_GateMark] = deque(maxlen=GATE_ROLLBACK)
 
     def feed(self, token_id: int) -> None:
-        self._history.append(token_id)
-        self._follow(token_id)
-
-    def _follow(self, token_id: int) -> None:
+        follower = self._follower
+        self._marks.append(
+            (
+                follower.text, follower.tail, follower.calls, self._utf8_need,
+                self.pending, len(self.pending), self.terminated, self.clean,
+            )
+        )  # fmt: skip
         if token_id in self.start.stops:
             self.terminated = True
             self.clean = False
@@ -332,20 +337,31 @@ class _Gate:
         text = self._latin1[token_id] if 0 <= token_id < len(self._latin1) else ""
         if self._utf8_need or not text.isascii():
             self._utf8_need = utf8_need(self._utf8_need, text)
-        self._follower.feed(text)
-        self.clean = self._follower.tail.clean and self._utf8_need == 0
+        follower.feed(text)
+        self.clean = follower.tail.clean and self._utf8_need == 0
         if self.clean:
-            self.pending.clear()
+            if self.pending:
+                self.pending = []
         else:
             self.pending.append(token_id)
 
     def rollback(self, num_tokens: int) -> None:
-        """Replay the history without the last ``num_tokens`` (rollbacks are rare)."""
-        if num_tokens > 0:
-            del self._history[-num_tokens:]
-        self._reset()
-        for token_id in self._history:
-            self._follow(token_id)
+        """Stand where the gate stood before the last ``num_tokens`` tokens."""
+        if num_tokens <= 0:
+            return
+        if num_tokens > len(self._marks):
+            raise ValueError(
+                f"cannot roll back {num_tokens} tokens: a gated matcher keeps the last {GATE_ROLLBACK}"
+            )
+        for _ in range(num_tokens - 1):
+            self._marks.pop()
+        follower = self._follower
+        (
+            follower.text, follower.tail, follower.calls, self._utf8_need,
+            pending, held, self.terminated, self.clean,
+        ) = self._marks.pop()  # fmt: skip
+        del pending[held:]
+        self.pending = pending
 
 
 @dataclass(frozen=True)
@@ -432,7 +448,7 @@ class ToolGrammarCompiler:
         the processor's path, which sees the same tool set turn after turn, goes through
         :func:`prepare_constraint` with the request it decoded once.
         """
-        return prepare_turn(
+        return _prepare_turn(
             tools, tool_choice, parallel_tool_calls, dialect or self.dialect, coverage or self.coverage,
             type(self.engine), self.limits, admitted=admitted,
         )  # fmt: skip

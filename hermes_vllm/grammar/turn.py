@@ -1,9 +1,10 @@
-"""The engine-independent description of one turn's grammar: dialect, tools, tool_choice, answer.
+"""A request's tool options -> its :class:`~hermes_vllm.turn.TurnSpec`, and what every engine's
+turn grammar shares: the whitespace before spans and calls, the tag initials an answer's strings
+keep out.
 
-A :class:`TurnSpec` is what every engine backend compiles and what the cache is keyed by. The
-shape it describes (free text, opaque reasoning/hidden spans, tool-call spans holding exactly one
-schema-valid call) is written out once per engine in ``grammar/engines/``. A turn with an
-*answer* (the request's ``response_format`` beside its tools) has no free text: reasoning, then
+The shape a spec describes (free text, opaque reasoning/hidden spans, tool-call spans holding
+exactly one schema-valid call) is written out once per engine in ``grammar/engines/``. A turn with
+an *answer* (the request's ``response_format`` beside its tools) has no free text: reasoning, then
 either calls or the answer as JSON matching its schema.
 """
 
@@ -11,24 +12,76 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Any, Literal
 
 import xgrammar as xgr
 
 from hermes_vllm.dialect import Dialect, get_dialect
-from hermes_vllm.schema import ToolSchemaError, ToolSpec, UnsatisfiableToolError, canonical_json
+from hermes_vllm.schema import ToolSchemaError, ToolSpec, UnsatisfiableToolError
+from hermes_vllm.turn import Mode, TurnSpec
 
 LEAD_WHITESPACE = 4
 """Whitespace allowed before each reasoning span and before the first call where no free text may
 come first (``required``): Qwen 3 writes two newlines after ``</think>``. Bounded like whitespace in
 a call, so a weak model cannot loop on it."""
 
-MARK = " [closed by max_tokens]"
-"""Content written right after a call that the budget closed (its arguments may be truncated);
-a turn with an answer admits it after its last call, where it admits no other text."""
-ANSWER_NAME = "response_format"
-"""What errors call the final answer's schema (it is read like a tool's arguments)."""
+
+Ending = Literal["calls", "answer"]
+Calls = Literal["none", "one", "any"]
+
+
+@dataclass(frozen=True)
+class TurnShape:
+    """What a turn may hold, in order, decided once from its spec (:func:`turn_shape`); each
+    engine's file prints it in its own syntax, so adding an engine means writing a printer.
+
+    A turn is one of three:
+
+    - a turn with an answer (:attr:`endings`): reasoning/hidden spans, each after some whitespace,
+      then one of its endings (its calls, or the answer as JSON), then only whitespace; the last
+      call may be followed by :data:`~hermes_vllm.turn.MARK`. No free text: a reply holds a
+      complete call or a complete answer;
+    - a turn that opens with a call (:attr:`opens_with_call`, ``required``): spans, each after
+      some whitespace, then the call after some whitespace, then free text;
+    - free text from its start.
+
+    Free text holds reasoning/hidden spans and :attr:`calls` (none, at most one, any number), and
+    the output may end inside an unclosed span.
+    """
+
+    endings: tuple[Ending, ...]
+    """A turn with an answer: what may end it (calls, the answer, or either). Empty: no answer."""
+    opens_with_call: bool
+    calls: Calls
+    """The calls in the turn's free text (after its first call, where it opens with one); in a
+    turn with an answer, its calls ending: ``one`` call or ``any`` number (at least one)."""
+    after_call: Calls
+    """The calls the free text after a call may hold (the composed matcher's tool grammars
+    continue from a call: ``none`` where the turn allows one call)."""
+    may_call: bool
+    """Whether a call may be written at all (its rules are needed)."""
+
+
+_ENDINGS: dict[str, tuple[Ending, ...]] = {
+    "auto": ("calls", "answer"),
+    "required": ("calls",),
+    "none": ("answer",),
+}
+"""A turn with an answer: calls or the answer under ``auto``, calls only where one is required
+(the answer unused, as OpenAI serves it), the answer only under ``none``."""
+
+
+def turn_shape(turn: TurnSpec) -> TurnShape:
+    """The one place a turn's mode, parallel calls and answer become its shape."""
+    after: Calls = "any" if turn.parallel else "none"
+    may_call = turn.mode != "none"
+    if turn.answer is not None:
+        endings = _ENDINGS[turn.mode]
+        return TurnShape(endings, False, "any" if turn.parallel and may_call else "one", after, may_call)
+    if turn.mode == "required":
+        return TurnShape((), True, after, after, may_call)
+    free: Calls = "none" if not may_call else "any" if turn.parallel else "one"
+    return TurnShape((), False, free, after, may_call)
 
 
 def tag_initials(dialect: Dialect) -> str:
@@ -39,55 +92,6 @@ def tag_initials(dialect: Dialect) -> str:
     d = dialect
     firsts = sorted({t[0] for t in (d.tool_call.begin, *(p.begin for p in d.free_spans), *d.parsed_tags)})
     return "".join("\\" + c if c in "[]^-\\" else c for c in firsts)
-
-
-Mode = Literal["auto", "required", "none"]
-"""``auto``: calls optional; ``required``: at least one call (named choice = required over one tool);
-``none``: no call span may open."""
-
-
-@dataclass(frozen=True)
-class TurnSpec:
-    """Everything a turn grammar depends on, minus the tokenizer and the engine."""
-
-    dialect: Dialect
-    tools: tuple[ToolSpec, ...]
-    mode: Mode
-    parallel: bool
-    max_whitespace: int
-    answer: ToolSpec | None = None
-    """The final answer's schema (``response_format`` / ``structured_outputs`` JSON), normalised
-    like a tool's arguments. Under ``required`` it is unused (the turn owes calls, as OpenAI serves
-    it) but still makes the turn calls only: no free text after them either."""
-
-    @property
-    def answers(self) -> bool:
-        """Whether the turn may end with its answer (``auto`` and ``none`` with an answer)."""
-        return self.answer is not None and self.mode != "required"
-
-    @property
-    def written(self) -> tuple[ToolSpec, ...]:
-        """The schemas the turn's grammar writes: its tools, then its answer where it may end with it."""
-        return (*self.tools, self.answer) if self.answers and self.answer is not None else self.tools
-
-    @property
-    def free_text(self) -> bool:
-        """Whether text outside calls and spans is the model's own (``auto`` without an answer):
-        only then may a gate leave the engine alone between calls."""
-        return self.mode == "auto" and self.answer is None
-
-    def key(self) -> str:
-        """Canonical text of the spec: equal specs compile to equal grammars."""
-        return self._key
-
-    @cached_property
-    def _key(self) -> str:
-        """Written once per spec: a prepared turn is reused by every request that resends its tools."""
-        tools = [[t.name, t.parameters] for t in self.tools]
-        key = [self.dialect.name, self.mode, self.parallel, self.max_whitespace, tools]
-        if self.answer is not None:  # under required only its presence counts: calls only
-            key.append(self.answer.parameters if self.answers else True)
-        return canonical_json(key)
 
 
 def resolve_tool_choice(names: Sequence[str], tool_choice: Any) -> tuple[Mode, frozenset[str]]:

@@ -26,11 +26,13 @@ from typing import Any
 import numpy as np
 
 from hermes_vllm.dialect import Dialect
-from hermes_vllm.grammar.engines.base import EngineMatcher, Vocabulary, allocate_bitmask
+from hermes_vllm.grammar.engines.base import EngineMatcher, allocate_bitmask
+from hermes_vllm.latin1 import as_text
 from hermes_vllm.schema.spec import JSON
 from hermes_vllm.schema.tree import resolve_ref
 from hermes_vllm.schema.unique import item_value, keeps_unique, kept_kind
 from hermes_vllm.spans import TextFollower
+from hermes_vllm.vocabulary import Vocabulary
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +83,7 @@ def item_key(kind: str, raw: str) -> Any:
         return item_value(raw)
     if raw.isascii() and "\\" not in raw:  # most items: the text is the value
         return raw
-    return item_value(('"' + raw + '"').encode("latin-1").decode("utf-8", errors="replace"))
+    return item_value(as_text('"' + raw + '"'))
 
 
 @dataclass
@@ -276,15 +278,12 @@ class _Pieces:
     between: np.ndarray
 
 
-_PIECES: dict[str, _Pieces] = {}
-"""By vocabulary fingerprint: as many entries as the process has tokenizers (its cores share one)."""
-
-
 def _pieces(vocab: Vocabulary) -> _Pieces:
-    kept = _PIECES.get(vocab.fingerprint)
-    if kept is not None:
-        return kept
-    latin1 = vocab.latin1
+    """The vocabulary's :class:`_Pieces`, built once (a table it keeps)."""
+    return vocab.table("unique items' closing pieces", lambda: _read_pieces(vocab.latin1))
+
+
+def _read_pieces(latin1: list[str]) -> _Pieces:
     plain: dict[str, list[int]] = {}
     other: list[int] = []
     for i, piece in enumerate(latin1):
@@ -298,11 +297,9 @@ def _pieces(vocab: Vocabulary) -> _Pieces:
     between = np.array(
         [piece.count('"') > 1 or any(c.isdigit() for c in piece) for piece in latin1], dtype=bool
     )
-    made = _Pieces(
+    return _Pieces(
         {k: np.array(v, dtype=np.int64) for k, v in plain.items()}, np.array(other, dtype=np.int64), between
     )
-    _PIECES[vocab.fingerprint] = made
-    return made
 
 
 def _held(view: np.ndarray, ids: np.ndarray, size: int) -> np.ndarray:

@@ -39,7 +39,6 @@ from vllm.entrypoints.generate.base.protocol import DeltaMessage
 from vllm.parser.engine.parser_engine import ReasoningEnd
 from vllm.reasoning.abs_reasoning_parsers import ReasoningParser
 
-from hermes_vllm.budget import served_vocabulary
 from hermes_vllm.dialect import DEFAULT_DIALECT, get_dialect
 from hermes_vllm.parsers.shared import (
     delta_message,
@@ -51,6 +50,7 @@ from hermes_vllm.parsers.shared import (
 )
 from hermes_vllm.parsers.span_stream import SpanStream
 from hermes_vllm.spans import open_at_end, split_spans, unopened_reasoning
+from hermes_vllm.vocabulary import served_vocabulary
 
 if TYPE_CHECKING:
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest

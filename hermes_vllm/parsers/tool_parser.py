@@ -37,7 +37,8 @@ from hermes_vllm.parsers.answer import take_answer
 from hermes_vllm.parsers.responses_api import responses_tool_choice, responses_tools
 from hermes_vllm.parsers.shared import delta_message, keep_special_tags, own_constraint, prompt_opened
 from hermes_vllm.parsers.span_stream import Released, SpanStream
-from hermes_vllm.processor import ToolCallLogitsProcessor, remote
+from hermes_vllm.processor import remote
+from hermes_vllm.processor.served import SERVED
 
 if TYPE_CHECKING:
     from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
@@ -80,7 +81,7 @@ class DialectToolParser(ToolParser):  # type: ignore[misc]
         # Runs in the API server only, before vLLM looks the non-streaming method up (idempotent).
         finish_reason.install()
         remote.install()  # engines on other hosts confirm activation through vLLM's RPC
-        ToolCallLogitsProcessor.frontend.serve_tokenizer(tokenizer)  # the reserve check counts in it
+        SERVED.serve_tokenizer(tokenizer)  # the reserve check counts in it
         self.dialect = get_dialect(self.dialect_name)
         self._stream: SpanStream | None = None
         self._calls_sent = 0

@@ -11,6 +11,7 @@ from hermes_vllm.constraint import special_tags
 from hermes_vllm.dialect import available_dialects
 from hermes_vllm.processor import handshake, remote
 from hermes_vllm.processor.core import ConstraintCore
+from hermes_vllm.processor.served import SERVED
 
 if TYPE_CHECKING:
     import torch
@@ -68,10 +69,8 @@ def new_core(vllm_config: VllmConfig, pin_memory: bool) -> ConstraintCore:
     )
     if not vllm_config.model_config.skip_tokenizer_init:  # no tokenizer: nothing can be constrained
         core.warm()  # at start-up, before vLLM freezes its heap: never on a first request's step
-    from hermes_vllm.processor.v2 import ToolCallLogitsProcessor
-
     # Offline the frontend's check runs in this process: it counts in this core's vocabulary.
-    ToolCallLogitsProcessor.frontend.serve_engine(lambda: core.speller)
+    SERVED.serve_engine(lambda: core.speller)
     return core
 
 

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 import xgrammar as xgr
 
-from hermes_vllm.budget import NOTHING, Plan, Speller, TurnBudget, as_latin1
+from hermes_vllm.budget import NOTHING, Plan, Speller, TurnBudget
 from hermes_vllm.budget.needs import TurnNeeds
 from hermes_vllm.constraint import ConstraintRequest, parse_constraint
 from hermes_vllm.dialect import Dialect, available_dialects, get_dialect
@@ -47,17 +47,17 @@ from hermes_vllm.grammar.compiler import (
     PreparedTurn,
     ToolCallMatcher,
     prepare_constraint,
-    utf8_need,
 )
 from hermes_vllm.grammar.engines import get_engine_class
 from hermes_vllm.grammar.engines.base import EngineGrammar, allocate_bitmask, token_allowed
 from hermes_vllm.grammar.engines.xgrammar import batch_accept, batch_fill
-from hermes_vllm.grammar.turn import TurnSpec
+from hermes_vllm.latin1 import as_latin1, utf8_need
 from hermes_vllm.memo import memoize_small
 from hermes_vllm.metrics import Refusal, record_step
 from hermes_vllm.processor.token_index import TokenIndex
 from hermes_vllm.settings import Limits, get_limits
 from hermes_vllm.spans import TextFollower, open_at_end
+from hermes_vllm.turn import TurnSpec
 
 logger = logging.getLogger(__name__)
 

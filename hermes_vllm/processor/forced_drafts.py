@@ -33,12 +33,13 @@ import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from hermes_vllm.grammar.engines.base import token_allowed
 from hermes_vllm.grammar.engines.head import SortedVocabulary
+from hermes_vllm.latin1 import whole_characters
 from hermes_vllm.memo import TextKeyed
 from hermes_vllm.settings import get_limits
 from hermes_vllm.vllm_api import touchpoints, wrap_attribute
@@ -111,17 +112,6 @@ def _common_prefix(pieces: Sequence[bytes]) -> bytes:
     while n < len(first) and first[n] == last[n]:
         n += 1
     return first[:n]
-
-
-def _complete_utf8(data: bytes) -> int:
-    """Length of ``data``'s longest prefix that does not end inside a UTF-8 character."""
-    for back in range(1, min(4, len(data)) + 1):
-        byte = data[-back]
-        if 0x80 <= byte < 0xC0:
-            continue
-        size = 4 if byte >= 0xF0 else 3 if byte >= 0xE0 else 2 if byte >= 0xC0 else 1
-        return len(data) if back >= size else len(data) - back
-    return len(data)
 
 
 class ForcedDrafts:
@@ -205,7 +195,7 @@ class ForcedDrafts:
         """``forced`` in the served tokenizer's tokens after ``history``, its unstable end held back;
         empty where the tokenizer puts no boundary where the row's text has one. The run and each
         continuation are spelled in one batch call of the tokenizer."""
-        whole = forced[: _complete_utf8(forced)]
+        whole = forced[: whole_characters(forced)]
         anchor = b"".join(self._decoded[t] for t in history[-2:])
         key = (anchor, whole, after)
         found = self._spelled.get(key)
@@ -298,6 +288,15 @@ def merged(forced: list[int], proposed: list[int], limit: int) -> list[int]:
     return forced[:limit]
 
 
+@runtime_checkable
+class Drafting(Protocol):
+    """A row's grammar that offers its forced run as drafts (a hosted row,
+    :class:`~hermes_vllm.processor.hosted.HostedGrammar`): read by what it does, so this module,
+    which the hosted row imports, imports nothing of it."""
+
+    def forced_drafts(self, limit: int) -> list[int]: ...
+
+
 _PATCHED = "__hermes_vllm_grammar_drafts__"
 _SKIPPED = "hermes-vllm: %s: %s; no grammar drafts (constrained rows keep the proposer's drafts)"
 
@@ -308,8 +307,6 @@ def _wrap_update(method: Callable[..., None]) -> Callable[..., None]:
         method(self, draft_token_ids)
         if not get_limits().grammar_drafts:
             return
-        from hermes_vllm.processor.hosted import HostedGrammar
-
         limit = self.num_spec_tokens
         for req_id in draft_token_ids.req_ids:
             request = self.requests.get(req_id)
@@ -317,7 +314,7 @@ def _wrap_update(method: Callable[..., None]) -> Callable[..., None]:
             if structured is None or request.is_finished() or request.is_prefill_chunk:
                 continue
             grammar = structured.grammar
-            if isinstance(grammar, HostedGrammar):
+            if isinstance(grammar, Drafting):
                 forced = grammar.forced_drafts(limit)
                 request.spec_token_ids = merged(forced, list(request.spec_token_ids), limit)
 

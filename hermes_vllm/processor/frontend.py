@@ -1,19 +1,18 @@
 """What the API server's side of a process knows when it admits a constrained request.
 
 vLLM asks a logits processor to check a request through a classmethod (``validate_params``)
-with the request's parameters alone, so what the check needs beyond them (the served model's
-vocabulary, to count the reserve a ``required`` call keeps; whether a processor announced itself)
-is one :class:`Frontend` object held by the processor class. Who serves it the vocabulary is
-explicit: the tool parser (the server's tokenizer) or an engine built in this process (offline,
-its own core's speller, the exact vocabulary the engine masks).
+with the request's parameters alone, so what the check needs beyond them is this process's:
+its :data:`FRONTEND` (whether a processor announced itself) and the served model's vocabulary,
+to count the reserve a ``required`` call keeps (:data:`~hermes_vllm.processor.served.SERVED`,
+which the tool parser serves the server's tokenizer, or an engine built in this process,
+offline, its own core's speller: the exact vocabulary the engine masks). The adapters import
+this module; it imports none of them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from hermes_vllm.budget import Speller, served_vocabulary
 from hermes_vllm.constraint import ConstraintRequest, check_special_tags
 from hermes_vllm.grammar import GrammarCompileError
 from hermes_vllm.metrics import REQUESTS, TOOLS_LEFT_OUT, Refusal, events, mark_refused
@@ -21,6 +20,7 @@ from hermes_vllm.processor import speculative
 from hermes_vllm.processor.config import engine_name
 from hermes_vllm.processor.core import prepared_turn, refuse_structured_outputs, validate_request
 from hermes_vllm.processor.handshake import announced_special_tags, runner_active, status
+from hermes_vllm.processor.served import SERVED
 from hermes_vllm.schema.coverage import UnsupportedKeywordError
 from hermes_vllm.schema.satisfiable import UnsatisfiableToolError
 from hermes_vllm.schema.spec import ToolSchemaError
@@ -31,27 +31,11 @@ if TYPE_CHECKING:
 
 
 class Frontend:
-    """The admission check's view of the served model, for one process."""
+    """The admission check of one process, counting in its served model
+    (:data:`~hermes_vllm.processor.served.SERVED`)."""
 
     def __init__(self) -> None:
-        self._engine_speller: Callable[[], Speller] | None = None
-        self._parser_speller: Callable[[], Speller] | None = None
         self._active_seen = False
-
-    def serve_tokenizer(self, tokenizer: Any) -> None:
-        """The tool parser's tokenizer (the server's): counts the reserve where no engine runs in
-        this process."""
-        self._parser_speller = served_vocabulary(tokenizer)
-
-    def serve_engine(self, speller: Callable[[], Speller]) -> None:
-        """An engine core built in this process (offline): its speller wins, being the vocabulary
-        the engine masks (padded ids included)."""
-        self._engine_speller = speller
-
-    def speller(self) -> Speller | None:
-        """The speller the reserve is counted with; ``None`` where none was served."""
-        source = self._engine_speller or self._parser_speller
-        return None if source is None else source()
 
     def validate(self, params: SamplingParams) -> None:
         """The frontend's admission check of a request, for both runners: ``ValueError`` becomes
@@ -67,7 +51,7 @@ class Frontend:
             admitted(request)
 
     def _admit(self, params: SamplingParams) -> ConstraintRequest | None:
-        request = validate_request(params.extra_args, engine_name(), params.max_tokens, self.speller())
+        request = validate_request(params.extra_args, engine_name(), params.max_tokens, SERVED.speller())
         if request is None:
             return None
         if params.structured_outputs is not None and not speculative.is_marked(params):
@@ -84,6 +68,11 @@ class Frontend:
         if runner_active(speculative.RUNNER):
             speculative.route(params)
         return request
+
+
+FRONTEND = Frontend()
+"""This process's admission check: vLLM calls ``validate_params`` on the adapter's class, with the
+request's parameters alone."""
 
 
 def refusal_reason(error: ValueError) -> str:

@@ -55,7 +55,7 @@ from vllm.v1.structured_output.backend_types import StructuredOutputGrammar
 
 from hermes_vllm.budget.turn_budget import Progress
 from hermes_vllm.grammar import GrammarCompileError
-from hermes_vllm.grammar.compiler import utf8_need
+from hermes_vllm.latin1 import utf8_need
 from hermes_vllm.metrics import record_step
 from hermes_vllm.processor.core import ConstraintCore, Fill, RowMark, RowState
 from hermes_vllm.processor.forced_drafts import ForcedDrafts

@@ -17,14 +17,14 @@ thus exact at every ``apply()`` whichever hooks a release calls and how often
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsProcessor as V2LogitsProcessor
 
 from hermes_vllm.processor.config import core_for_config
 from hermes_vllm.processor.core import PROMPT_TAIL, RowState
-from hermes_vllm.processor.frontend import Frontend
+from hermes_vllm.processor.frontend import FRONTEND
 from hermes_vllm.vllm_api import step_hook
 
 if TYPE_CHECKING:
@@ -49,10 +49,6 @@ class ToolCallLogitsProcessor(V2LogitsProcessor, step_hook.BeforeForward):  # ty
     V1 loader constructs it with the V1 signature, ``__new__`` hands over to the V1 adapter. One
     install thus works on whichever runner vLLM picks, with no flag.
     """
-
-    frontend: ClassVar[Frontend] = Frontend()
-    """The admission check's view of the served model (vLLM calls ``validate_params`` on the
-    class, with the request's parameters alone)."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         if _is_v1_construction(args, kwargs):
@@ -89,7 +85,7 @@ class ToolCallLogitsProcessor(V2LogitsProcessor, step_hook.BeforeForward):  # ty
 
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams) -> None:
-        cls.frontend.validate(sampling_params)
+        FRONTEND.validate(sampling_params)
 
     def add_request(self, req_idx: int, sampling_params: SamplingParams) -> bool:
         self.slots.pop(req_idx, None)

@@ -46,12 +46,13 @@ import numpy as np
 import torch
 
 from hermes_vllm import constraint_args
-from hermes_vllm.budget import CallCompleter, as_latin1
-from hermes_vllm.budget.served import served_vocabulary
+from hermes_vllm.budget import CallCompleter
 from hermes_vllm.dialect import Dialect
+from hermes_vllm.latin1 import as_latin1, as_text
 from hermes_vllm.processor.core import ConstraintCore, RowState
 from hermes_vllm.schema import normalize_tools
 from hermes_vllm.spans import Tail, read_tail, split_spans
+from hermes_vllm.vocabulary import served_vocabulary
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -153,33 +154,27 @@ class _Marks:
     """The token of the first reasoning span's closing tag (-1: none)."""
 
 
-_marks: dict[tuple[str, str], _Marks] = {}
-"""By vocabulary fingerprint and dialect: shared by the cores of one tokenizer. (Keyed by the
-core's ``id``, a core built after another was freed could get its address, and its marks, for
-another vocabulary.)"""
-
-
 def _marks_for(core: ConstraintCore, dialect: Dialect) -> _Marks:
-    key = (core.compiler.vocab.fingerprint, dialect.name)
-    if key not in _marks:
-        latin1 = core.compiler.vocab.latin1
-        tags = [p.begin for p in (dialect.tool_call, *dialect.free_spans)] + [
-            p.end for p in dialect.free_spans
-        ]
-        opens = [p.begin for p in dialect.reasoning]
-        end = dialect.reasoning[0].end if dialect.reasoning else None
-        _marks[key] = _Marks(
-            np.array([any(g in p for g in tags) for p in latin1]),
-            np.array([("," in p) * 2 + (not _CLOSERS & set(p)) for p in latin1]),
-            np.array([len(p) for p in latin1]),
-            np.array([bool(p) and 0xC2 <= ord(p[-1]) <= 0xF4 for p in latin1]),
-            np.array([any(c in p for c in ',"{[:-0123456789') for p in latin1]),
-            np.array([p in _OPENERS for p in latin1]),
-            np.array([p == dialect.tool_call.begin for p in latin1]),
-            np.array([p in opens for p in latin1]),
-            latin1.index(end) if end in latin1 else -1,
-        )
-    return _marks[key]
+    """The samplers' marks of ``dialect`` in the core's vocabulary: a table it keeps."""
+    vocab = core.compiler.vocab
+    return vocab.table(f"adversary marks {dialect.name}", lambda: _read_marks(vocab.latin1, dialect))
+
+
+def _read_marks(latin1: list[str], dialect: Dialect) -> _Marks:
+    tags = [p.begin for p in (dialect.tool_call, *dialect.free_spans)] + [p.end for p in dialect.free_spans]
+    opens = [p.begin for p in dialect.reasoning]
+    end = dialect.reasoning[0].end if dialect.reasoning else None
+    return _Marks(
+        np.array([any(g in p for g in tags) for p in latin1]),
+        np.array([("," in p) * 2 + (not _CLOSERS & set(p)) for p in latin1]),
+        np.array([len(p) for p in latin1]),
+        np.array([bool(p) and 0xC2 <= ord(p[-1]) <= 0xF4 for p in latin1]),
+        np.array([any(c in p for c in ',"{[:-0123456789') for p in latin1]),
+        np.array([p in _OPENERS for p in latin1]),
+        np.array([p == dialect.tool_call.begin for p in latin1]),
+        np.array([p in opens for p in latin1]),
+        latin1.index(end) if end in latin1 else -1,
+    )
 
 
 _NEEDS: dict[tuple[CallCompleter, str], int] = {}
@@ -243,7 +238,7 @@ def _need(view: _View, extra: str) -> int:
     if tail.open is None or tail.open.kind != "call":
         need = -1
     else:
-        decoded = call.encode("latin-1").decode("utf-8", errors="replace")
+        decoded = as_text(call)
         completion = budget.completer.complete(decoded)
         count = None if completion is None else budget.speller.count(as_latin1(completion))
         need = 1 << 20 if count is None else count
@@ -526,17 +521,17 @@ def run(
             span = 0
         elif span is not None:
             span = None if token == end_id else span + 1
-        decoded = text.encode("latin-1").decode("utf-8", errors="replace")
+        decoded = as_text(text)
         hit = [decoded.index(s) for s in scenario.stop if s and s in decoded]
         if hit:
             outcome.ended_by = "stop string"
-            text = decoded[: min(hit)].encode("utf-8").decode("latin-1")
+            text = as_latin1(decoded[: min(hit)])
             break
     if state.failed is None and new:
         driver.step(new)  # the last token reaches the engine (vLLM feeds it too)
         outcome.failed = state.failed
     outcome.tokens = len(out)
-    outcome.text = text.encode("latin-1").decode("utf-8", errors="replace")
+    outcome.text = as_text(text)
     _judge(outcome, tools, scenario, dialect, tokenizer, out)
     return outcome
 

@@ -25,11 +25,12 @@ from typing import Any
 import jsonschema
 from openai import AsyncOpenAI
 
-from hermes_vllm.budget import MARK, served_vocabulary
+from hermes_vllm.budget import MARK
 from hermes_vllm.constraint import constraint_args, parse_constraint
 from hermes_vllm.demo.bias import call_bias
 from hermes_vllm.schema import bfcl_to_json_schema, normalize_tools
 from hermes_vllm.testing.adversary import span_token_counts
+from hermes_vllm.vocabulary import served_vocabulary
 from support.corpus import sample_tool_sets
 from support.readings import Reply
 

@@ -25,14 +25,15 @@ from functools import cached_property
 
 import torch
 
-from hermes_vllm.grammar.engines.base import EngineGrammar, EngineMatcher, GrammarEngine, Vocabulary
+from hermes_vllm.grammar.engines.base import EngineGrammar, EngineMatcher, GrammarEngine
 from hermes_vllm.grammar.engines.composed import ComposedMatcher
 from hermes_vllm.grammar.engines.llguidance import LLGUIDANCE_KEYWORDS, LLGuidanceEngine
 from hermes_vllm.grammar.engines.xgrammar import XGRAMMAR_KEYWORDS, XGrammarEngine, XGrammarMatcher
-from hermes_vllm.grammar.turn import TurnSpec
 from hermes_vllm.schema import CONSTRAINING, iter_subschemas
 from hermes_vllm.schema.formats import FORMAT_PATTERNS, RAW_SAFE_PATTERNS
 from hermes_vllm.schema.spec import pointer
+from hermes_vllm.turn import TurnSpec
+from hermes_vllm.vocabulary import Vocabulary
 
 _BOUNDED_STRINGS = frozenset({"minLength", "maxLength", "pattern"})
 _LLGUIDANCE_FORMATS = frozenset(

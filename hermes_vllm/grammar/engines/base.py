@@ -2,81 +2,15 @@
 
 from __future__ import annotations
 
-import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
-import xgrammar as xgr
 
-from hermes_vllm.dialect import Dialect
-from hermes_vllm.grammar.turn import TurnSpec
-
-
-def special_ids(tokenizer: Any) -> list[int]:
-    """The ids ``tokenizer`` treats as special (dropped by ``skip_special_tokens``, never split).
-
-    Part of the vocabulary's identity: the same strings as plain added tokens (Hermes 2 Pro,
-    Qwen) or as special ones (Hermes 3) detokenize differently.
-    """
-    added = getattr(tokenizer, "added_tokens_decoder", {})
-    return sorted({i for i, token in added.items() if token.special} | set(tokenizer.all_special_ids))
-
-
-@dataclass(frozen=True)
-class Vocabulary:
-    """The tokenizer as the engines need it, plus the model's logits width."""
-
-    tokenizer: Any
-    """A Hugging Face tokenizer (fast or slow)."""
-    vocab_size: int
-    """Width of the model's logits; may exceed the tokenizer's length (padded heads)."""
-    stop_token_ids: tuple[int, ...]
-    fingerprint: str = field(default="", compare=False)
-
-    @classmethod
-    def from_tokenizer(
-        cls, tokenizer: Any, vocab_size: int | None = None, stop_token_ids: Sequence[int] | None = None
-    ) -> Vocabulary:
-        vocab = tokenizer.get_vocab()
-        size = vocab_size or max(len(tokenizer), max(vocab.values()) + 1)
-        stops = tuple(stop_token_ids) if stop_token_ids else (tokenizer.eos_token_id,)
-        tokens = sorted(vocab.items(), key=lambda kv: kv[1])
-        digest = hashlib.sha256(repr((size, stops, tokens, special_ids(tokenizer))).encode()).hexdigest()
-        return cls(tokenizer, size, stops, digest[:16])
-
-    @cached_property
-    def tokenizer_info(self) -> xgr.TokenizerInfo:
-        """xgrammar's view of the vocabulary (decoded bytes per token), shared by all users."""
-        return xgr.TokenizerInfo.from_huggingface(
-            self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=list(self.stop_token_ids)
-        )
-
-    @cached_property
-    def decoded(self) -> list[bytes]:
-        """The bytes each token id stands for."""
-        return list(self.tokenizer_info.decoded_vocab)
-
-    @cached_property
-    def latin1(self) -> list[str]:
-        """Each token's bytes as a latin-1 string (one char a byte: tags are ASCII)."""
-        return [b.decode("latin-1") for b in self.decoded]
-
-    @cached_property
-    def _straddling(self) -> dict[str, bool]:
-        return {}
-
-    def gate_allowed(self, dialect: Dialect) -> bool:
-        """Whether free text may skip the engine: False when a token holds a whole call tag and
-        more text, since such a token could open an invalid call in one step."""
-        trigger = dialect.tool_call.begin
-        if trigger not in self._straddling:
-            self._straddling[trigger] = any(trigger in t and not t.endswith(trigger) for t in self.latin1)
-        return not self._straddling[trigger]
+from hermes_vllm.turn import TurnSpec
+from hermes_vllm.vocabulary import Vocabulary
 
 
 class EngineMatcher(ABC):

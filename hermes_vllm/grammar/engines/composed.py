@@ -34,10 +34,11 @@ import numpy as np
 import torch
 import xgrammar as xgr
 
-from hermes_vllm.grammar.engines.base import EngineGrammar, EngineMatcher, Vocabulary
+from hermes_vllm.grammar.engines.base import EngineGrammar, EngineMatcher
 from hermes_vllm.grammar.engines.head import MONOLITHIC, Node, SortedVocabulary, admitted, build_head, walk
-from hermes_vllm.grammar.turn import TurnSpec
 from hermes_vllm.spans import CallEndScanner, CallTagScanner
+from hermes_vllm.turn import TurnSpec
+from hermes_vllm.vocabulary import Vocabulary
 
 logger = logging.getLogger(__name__)
 
@@ -163,24 +164,26 @@ def _exit(node: Node) -> int:
     return node.exit
 
 
-_SORTED: dict[str, SortedVocabulary] = {}
-_SORTING = threading.Lock()
+_SORTED = "sorted"
+"""The name of the vocabulary's sorted copy among its tables."""
 
 
 def sorted_vocabulary(vocab: Vocabulary) -> SortedVocabulary:
-    """One sorted copy per vocabulary (special tokens left out: xgrammar never allows them)."""
-    with _SORTING:  # the engine's start-up thread may be building it
-        if vocab.fingerprint not in _SORTED:
-            excluded = frozenset(vocab.tokenizer_info.special_token_ids) | set(vocab.stop_token_ids)
-            _SORTED[vocab.fingerprint] = SortedVocabulary(vocab.decoded, excluded)
-        return _SORTED[vocab.fingerprint]
+    """One sorted copy per vocabulary (special tokens left out: xgrammar never allows them), a
+    table the vocabulary keeps (the engine's start-up thread may be building it)."""
+
+    def build() -> SortedVocabulary:
+        excluded = frozenset(vocab.tokenizer_info.special_token_ids) | set(vocab.stop_token_ids)
+        return SortedVocabulary(vocab.decoded, excluded)
+
+    return vocab.table(_SORTED, build)
 
 
 def sort_ahead(vocab: Vocabulary) -> None:
     """Build ``vocab``'s sorted copy in the background (a fraction of a second on 131k tokens:
     docs/architecture.md), so a server's first request with many tools does not pay for it:
     started with the engine."""
-    if vocab.fingerprint not in _SORTED:
+    if not vocab.has_table(_SORTED):
         name = "hermes-vllm-sort-vocab"
         threading.Thread(target=sorted_vocabulary, args=(vocab,), name=name, daemon=True).start()
 

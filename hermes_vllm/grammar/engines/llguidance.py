@@ -49,15 +49,16 @@ from hermes_vllm.grammar.engines.base import (
     EngineGrammar,
     EngineMatcher,
     GrammarEngine,
-    Vocabulary,
     set_token_allowed,
 )
-from hermes_vllm.grammar.turn import ANSWER_NAME, LEAD_WHITESPACE, MARK, TurnSpec, tag_initials
+from hermes_vllm.grammar.turn import LEAD_WHITESPACE, TurnShape, tag_initials, turn_shape
 from hermes_vllm.schema import ToolSchemaError, ToolSpec, canonical_value, iter_subschemas
 from hermes_vllm.schema.formats import formats_as_patterns
 from hermes_vllm.schema.names import as_pattern_properties
 from hermes_vllm.schema.spec import pointer
 from hermes_vllm.schema.unique import without_kept_unique
+from hermes_vllm.turn import ANSWER_NAME, MARK, TurnSpec
+from hermes_vllm.vocabulary import Vocabulary
 
 logger = logging.getLogger(__name__)
 
@@ -181,15 +182,13 @@ def _answer_schema(turn: TurnSpec, answer: ToolSpec) -> dict[str, Any]:
     return schema
 
 
-def _answer_turn(turn: TurnSpec, lines: list[str]) -> str:
-    """The start rule of a turn with an answer, the same language as xgrammar's: reasoning spans,
-    then the calls or the answer (calls only under ``required``, the answer only under ``none``),
-    then only whitespace; the last call may be followed by the mark of a call the budget closed.
-    Adds the answer's rules to ``lines``."""
+def _answer_turn(turn: TurnSpec, shape: TurnShape, lines: list[str]) -> str:
+    """The start rule of a turn with an answer (:class:`TurnShape`), the same language as
+    xgrammar's. Adds the answer's rules to ``lines``."""
     spans = turn.dialect.free_spans
     lines += [f"TRAIL: {_ws(LEAD_WHITESPACE)}", f"MARK: {_lit(MARK)}"]
-    calls = "CALL_LEAD body (CALL_LEAD body)*" if turn.parallel else "CALL_LEAD body"
-    endings = {"auto": ["calls", "answer"], "required": ["calls"], "none": ["answer"]}[turn.mode]
+    calls = "CALL_LEAD body (CALL_LEAD body)*" if shape.calls == "any" else "CALL_LEAD body"
+    endings = shape.endings
     if "calls" in endings:
         lines.append(f"calls: {calls} MARK?")
     if "answer" in endings and turn.answer is not None:
@@ -202,6 +201,7 @@ def _answer_turn(turn: TurnSpec, lines: list[str]) -> str:
 def build_lark(turn: TurnSpec) -> str:
     """The whole turn as one llguidance Lark grammar (see the module docstring for the shape)."""
     d = turn.dialect
+    shape = turn_shape(turn)
     spans: tuple[TagPair, ...] = d.free_spans
     call = d.tool_call
     lines = [
@@ -219,7 +219,7 @@ def build_lark(turn: TurnSpec) -> str:
     end = " | ".join(["TEXT", *(f"span{k}_open SPAN{k}_UNCLOSED" for k in range(len(spans)))])
     lines += [f"end: {end}"] + ([f"span: {span}"] if spans else [])
     free = "span*" if spans else ""
-    if turn.mode != "none":
+    if shape.may_call:
         orders = ("name_first", "arguments_first") if d.key_order == "either" else (d.key_order,)
         bodies = [(i, t, o) for o in orders for i, t in enumerate(turn.tools)]
         lines += [
@@ -231,18 +231,16 @@ def build_lark(turn: TurnSpec) -> str:
         for i, tool, order in bodies:
             lines += _call_rules(i, tool, order, call.end, turn.max_whitespace)
     with_calls = "(span | call)*" if spans else "call*"
-    if turn.answer is not None:
-        start = _answer_turn(turn, lines)
-    elif turn.mode == "none":
-        start = f"{free} end"
-    elif turn.mode == "auto" and turn.parallel:
-        start = f"{with_calls} end"
-    elif turn.mode == "auto":
-        start = f"{free} (call {free})? end"
-    else:
+    if shape.endings:
+        start = _answer_turn(turn, shape, lines)
+    elif shape.opens_with_call:
         leads = " | ".join(f"SPAN{k}_LEAD span{k}_rest" for k in range(len(spans)))
         prefix = f"({leads})* " if spans else ""
-        start = f"{prefix}CALL_LEAD body {with_calls if turn.parallel else free} end"
+        start = f"{prefix}CALL_LEAD body {with_calls if shape.calls == 'any' else free} end"
+    elif shape.calls == "one":
+        start = f"{free} (call {free})? end"
+    else:
+        start = f"{with_calls if shape.calls == 'any' else free} end"
     return "\n".join([lines[0], f"start: {start}", *lines[1:]]) + "\n"
 
 

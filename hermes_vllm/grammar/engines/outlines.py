@@ -54,6 +54,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from functools import cached_property
 from typing import Any
 
@@ -62,12 +63,13 @@ import torch
 from outlines_core.json_schema import build_regex_from_schema
 
 from hermes_vllm.grammar.engines.base import EngineGrammar, EngineMatcher, GrammarEngine, set_token_allowed
-from hermes_vllm.grammar.turn import LEAD_WHITESPACE, TurnSpec
+from hermes_vllm.grammar.turn import LEAD_WHITESPACE, turn_shape
 from hermes_vllm.schema import CONSTRAINING, ToolSpec, canonical_value, iter_subschemas
 from hermes_vllm.schema.formats import formats_as_patterns
 from hermes_vllm.schema.names import free_names
 from hermes_vllm.schema.spec import pointer
 from hermes_vllm.schema.unique import without_kept_unique
+from hermes_vllm.turn import TurnSpec
 
 logger = logging.getLogger(__name__)
 
@@ -235,19 +237,23 @@ def _turn_regex(turn: TurnSpec) -> str:
         else ""
     )
     free = f"{text}(?:{spans}{text})*" if spans else text
-    if turn.mode == "none":
+    # outlines-core writes no answer: the engine refuses a turn that may end with one, and writes
+    # a turn whose answer goes unused (``required``) as the turn without it.
+    shape = turn_shape(replace(turn, answer=None))
+    if not shape.may_call:
         return free + tail
     orders = ("name_first", "arguments_first") if d.key_order == "either" else (d.key_order,)
     bodies = _alt([_call_body(t, o, turn.max_whitespace) for o in orders for t in turn.tools])
     call = f"{_escape(d.tool_call.begin)}{ws}{bodies}{ws}{_escape(d.tool_call.end)}"
     free_calls = f"{text}(?:{_alt([call, spans])}{text})*"
-    if turn.mode == "auto" and turn.parallel:
-        return free_calls + tail
-    if turn.mode == "auto":
+    after = free_calls if shape.calls == "any" else free
+    if shape.opens_with_call:
+        lead_ws = _ws(LEAD_WHITESPACE)
+        lead = f"(?:{lead_ws}{spans})*" if spans else ""
+        return f"{lead}{lead_ws}{call}{after}{tail}"
+    if shape.calls == "one":
         return f"{free}(?:{call}{free})?{tail}"
-    lead_ws = _ws(LEAD_WHITESPACE)
-    lead = f"(?:{lead_ws}{spans})*" if spans else ""
-    return f"{lead}{lead_ws}{call}{free_calls if turn.parallel else free}{tail}"
+    return after + tail
 
 
 _CONTAINER_KEYWORDS = frozenset(

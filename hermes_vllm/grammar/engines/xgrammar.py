@@ -29,7 +29,7 @@ import torch
 import xgrammar as xgr
 
 from hermes_vllm.grammar.cache import GrammarCache
-from hermes_vllm.grammar.engines.base import EngineGrammar, EngineMatcher, GrammarEngine, Vocabulary
+from hermes_vllm.grammar.engines.base import EngineGrammar, EngineMatcher, GrammarEngine
 from hermes_vllm.grammar.engines.composed import (
     PLACEHOLDER,
     ComposedGrammar,
@@ -47,13 +47,15 @@ from hermes_vllm.grammar.engines.ebnf import (
     rename,
     split_rules,
 )
-from hermes_vllm.grammar.turn import LEAD_WHITESPACE, MARK, TurnSpec, tag_initials
+from hermes_vllm.grammar.turn import LEAD_WHITESPACE, tag_initials, turn_shape
 from hermes_vllm.memo import memoize_small
 from hermes_vllm.schema import ToolSpec, canonical_json, canonical_value, iter_subschemas
 from hermes_vllm.schema.formats import formats_as_patterns
 from hermes_vllm.schema.regex import literal_characters, optional_groups_spelled_out
 from hermes_vllm.schema.spec import pointer
 from hermes_vllm.settings import get_limits
+from hermes_vllm.turn import MARK, TurnSpec
+from hermes_vllm.vocabulary import Vocabulary
 
 # Measured on the JSON-Schema-Test-Suite (benchmarks/soundness.py): xgrammar enforces these once
 # schema.make_explicit has spelled out types and defaults, and schema.uncovered_keywords refuses
@@ -207,15 +209,16 @@ def turn_ebnf(
     from its arguments on, for the composed matcher's per-tool grammars.
     """
     d = turn.dialect
+    shape = turn_shape(turn)
     gap, lead = f"turn_ws{{0, {turn.max_whitespace}}}", f"turn_ws{{0, {LEAD_WHITESPACE}}}"
     rules: list[Rule] = [("turn_ws", "(([ \\t\\n\\r]))")]
     basics: dict[str, str] = {}
     if call is not None:
         rules += call
-    elif turn.mode != "none":
+    elif shape.may_call:
         rules += _call_rules(turn, gap, basics)
     answer = f"t{len(turn.tools)}_root"
-    if turn.answers and turn.answer is not None:
+    if "answer" in shape.endings and turn.answer is not None:
         rules += _answer_rules(turn, turn.answer)
     rules += basics.items()
 
@@ -251,29 +254,24 @@ def turn_ebnf(
         return f"turn_lead {body}"
 
     if after_call is not None:
-        body = f"{after_call(gap)} {free_text(turn.parallel)}"
-    elif turn.answer is not None:
-        # No free text: reasoning, then the calls or the answer (calls only under required, the
-        # answer only under none), then only whitespace; the last call may be followed by the
-        # mark of a call the budget closed. The output ends nowhere else: a reply holds a
-        # complete call or a complete answer.
+        body = f"{after_call(gap)} {free_text(shape.after_call == 'any')}"
+    elif shape.endings:
         mark = _choice(["", _literal(MARK)])
         calls = f"turn_call {mark}"
-        if turn.parallel and turn.mode != "none":
+        if shape.calls == "any":
             rules.append(("turn_calls", _choice([mark, f"{lead} turn_call turn_calls"])))
             calls = "turn_call turn_calls"
-        ending = {"auto": _choice([calls, answer]), "required": calls, "none": answer}[turn.mode]
+        written = [{"calls": calls, "answer": answer}[e] for e in shape.endings]
+        ending = _choice(written) if len(written) > 1 else written[0]
         rules.append(("root", f"(({after_lead(f'{lead} {ending} {lead}')}))"))
         return join_rules(rules)
-    elif turn.mode == "none":
-        body = free_text(False)
-    elif turn.mode == "auto" and turn.parallel:
-        body = free_text(True)
-    elif turn.mode == "auto":
+    elif shape.opens_with_call:
+        body = after_lead(f"{lead} turn_call {free_text(shape.calls == 'any')}")
+    elif shape.calls == "one":
         rules.append(("turn_then", _choice(["", f"turn_call {free_text(False)}"])))
         body = f"{free_text(False)} turn_then"
     else:
-        body = after_lead(f"{lead} turn_call {free_text(turn.parallel)}")
+        body = free_text(shape.calls == "any")
     if spans:  # the output may end inside an unclosed span
         rules.append(
             (
