@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hermes_vllm.dialect import Dialect, TagPair, get_dialect
 from hermes_vllm import spans
+from hermes_vllm.dialect import Dialect, TagPair, get_dialect
 from hermes_vllm.spans import CallEndScanner, TextFollower, payload_end, split_spans
 
 HERMES = get_dialect("hermes")
@@ -137,7 +137,7 @@ def test_payload_end_reads_both_quote_styles(text: str, pos: int, end: int | Non
     assert payload_end(text, pos) == end
 
 
-FOLLOWED = [*PIECES, "<tool_call>", "<tool", "_call>", "<think>", "</think>", "</", "{\"a\": ", "x" * 40]
+FOLLOWED = [*PIECES, "<tool_call>", "<tool", "_call>", "<think>", "</think>", "</", '{"a": ', "x" * 40]
 
 
 @settings(max_examples=300, deadline=None)
@@ -157,7 +157,15 @@ def test_a_call_followed_again_reads_no_span_boundaries(monkeypatch: pytest.Monk
     payload, then its closing tag), not every tag of the dialect from the text's start. So a
     second row following the same call, a closing tag inside a string included, reads no text
     for its span boundaries (:func:`spans._bounds`)."""
-    pieces = ["<tool_call>", "\n", '{"name": "f", "arguments": {"a": "', "</tool_call>", '"}}', "\n", "</tool_call>"]
+    pieces = [
+        "<tool_call>",
+        "\n",
+        '{"name": "f", "arguments": {"a": "',
+        "</tool_call>",
+        '"}}',
+        "\n",
+        "</tool_call>",
+    ]
     first = TextFollower(HERMES)
     for piece in pieces:
         first.feed(piece)
