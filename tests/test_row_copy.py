@@ -12,6 +12,7 @@ with no engine work and no copy, and a draft costs one engine accept.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -194,21 +195,31 @@ def test_a_mark_holds_the_pending_tokens_by_their_length(tokenizer: Any) -> None
 
 def _counted(grammar: HostedGrammar) -> list[int]:
     """The tokens the row's engine is offered from now on, counted on its xgrammar matcher: the
-    hosted row reaches it through its engine matcher or directly (:meth:`EngineMatcher.direct`,
-    taken again here). The matcher itself counts its net accepted tokens only."""
+    hosted row reaches it through its engine matcher or through its native calls
+    (:meth:`EngineMatcher.direct`, taken again here). The matcher itself counts its net accepted
+    tokens only."""
     matcher = grammar.state.engine.matcher
     assert matcher is not None
     inner = matcher.engine_matcher
     assert isinstance(inner, XGrammarMatcher)
-    engine = inner.inner
     offered: list[int] = []
-    accept = engine.accept_token
+    accept, direct = inner.accept_token, inner.direct
 
     def counting(token: int) -> bool:
         offered.append(token)
-        return bool(accept(token))
+        return accept(token)
 
-    engine.accept_token = counting  # type: ignore[method-assign]
+    def counting_direct() -> tuple[Callable[[int, bool], bool], Callable[[torch.Tensor, int, bool], bool]]:
+        native, fill = direct()
+
+        def feed(token: int, debug: bool) -> bool:
+            offered.append(token)
+            return bool(native(token, debug))
+
+        return feed, fill
+
+    inner.accept_token = counting  # type: ignore[method-assign]
+    inner.direct = counting_direct  # type: ignore[method-assign]
     grammar._engine = None  # the row takes its engine's direct calls again (HostedGrammar._refresh)
     grammar._until = -1
     return offered
@@ -309,3 +320,57 @@ def test_a_token_that_only_lengthens_a_call_leaves_the_row_as_the_full_reading_d
         assert fast == full
     assert rows[0][1].failed is None
     assert (taken[0] > 10) == (not stop and max_tokens > 100)  # in the alert window: read in full
+
+
+def test_the_light_path_asks_xgrammars_native_matcher(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inside a call, no stop string watched, a hosted row's drafts are fed and its positions
+    filled by xgrammar's native matcher (:meth:`EngineMatcher.direct`), not through its Python
+    class, whose wrappers cost a call on every token and every fill; and the masks are those the
+    core fills for a row fed without drafts."""
+    import xgrammar as xgr
+
+    wrapped: list[str] = []
+    for method in ("accept_token", "fill_next_token_bitmask"):
+        original = getattr(xgr.GrammarMatcher, method)
+
+        def counting(self: Any, *args: Any, _original: Any = original, _name: str = method, **kw: Any) -> Any:
+            wrapped.append(_name)
+            return _original(self, *args, **kw)
+
+        monkeypatch.setattr(xgr.GrammarMatcher, method, counting)
+    core = ConstraintCore(lambda: tokenizer, len(tokenizer), engine="xgrammar")
+    state = core.admit(constraint_args([WEATHER], "required"), [], max_tokens=200)
+    assert state is not None
+    hosted = HostedGrammar(RowHost(core, window=4), state)
+    width = (len(tokenizer) + 31) // 32
+    bitmask = torch.zeros((4, width), dtype=torch.int32)
+    head = tokenizer.encode(
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "', add_special_tokens=False
+    )
+    for token in head:
+        hosted.fill_bitmask(bitmask, 0)
+        assert hosted.accept_tokens("row", [token])
+    assert wrapped, "the row was not read through the wrappers before its call"
+    wrapped.clear()
+    drafts = tokenizer.encode("Lyon, France", add_special_tokens=False)[:3]
+    assert hosted.validate_tokens(drafts) == drafts
+    for j, token in enumerate(drafts):
+        hosted.fill_bitmask(bitmask, j)
+        assert hosted.accept_tokens("row", [token])
+    hosted.fill_bitmask(bitmask, len(drafts))
+    assert wrapped == []
+    monkeypatch.undo()
+    plain = core.admit(constraint_args([WEATHER], "required"), [], max_tokens=200)
+    assert plain is not None
+    row = torch.zeros((1, width), dtype=torch.int32)
+    for token in head:
+        core.fill([(0, plain)], len(tokenizer), bitmask=row)
+        core.advance(plain, (token,))
+    for j, token in enumerate([*drafts, None]):
+        row.zero_()
+        core.fill([(0, plain)], len(tokenizer), bitmask=row)
+        assert torch.equal(row[0], bitmask[j]), j
+        if token is not None:
+            core.advance(plain, (token,))

@@ -133,10 +133,9 @@ class RowHost:
                 )
             self.checked = bitmask
         kind, plan = core.decide(state)
-        if kind is Fill.ENGINE:
+        if kind is Fill.ENGINE:  # the row written whatever the engine answers (EngineMatcher.fill_bitmask)
             assert state.engine.matcher is not None
-            if not state.engine.matcher.fill_bitmask(bitmask, row):
-                bitmask[row].fill_(-1)
+            state.engine.matcher.fill_bitmask(bitmask, row)
         elif kind is Fill.FREE:
             bitmask[row].fill_(-1)
         else:
@@ -192,8 +191,8 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         self._engine: EngineMatcher | None = None
         """The row's engine matcher, fed and filled directly on the light path (:attr:`_feed`,
         :attr:`_fill`: :meth:`EngineMatcher.direct`)."""
-        self._feed: Callable[[int], bool] = _unread
-        self._fill: Callable[[torch.Tensor, int], bool] = _unread
+        self._feed: Callable[[int, bool], bool] = _unread
+        self._fill: Callable[[torch.Tensor, int, bool], bool] = _unread
         self._end = ""
         """The first character of the open call's closing tag: a token holding it is read whole."""
         self._watched: np.ndarray | None = None
@@ -304,7 +303,7 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         watched = self._watched
         if watched is not None and watched[token]:
             return None
-        if not self._feed(token):
+        if not self._feed(token, False):
             return False
         assert self._matcher is not None
         self._matcher.accepted += 1
@@ -332,7 +331,7 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         gate = state.gate
         if gate.on or engine.paused is not None or engine.failed is not None or self._engine is None:
             return self._accept(token)
-        if engine.matcher is not self._matcher or not self._feed(token):
+        if engine.matcher is not self._matcher or not self._feed(token, False):
             return self._accept(token)
         budget = state.budget
         consumed = state.consumed
@@ -434,7 +433,8 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         if matcher is not None and not state.gate.on and engine.paused is None and engine.failed is None:
             alone = matcher.alone
             if alone is None:
-                return tokens[: self._valid_on_matcher(matcher.accept_token, matcher.rollback, tokens)]
+                accept = matcher.accept_token
+                return tokens[: self._valid_on_matcher(lambda t, _: accept(t), matcher.rollback, tokens)]
             feed = self._feed if alone is self._engine else alone.direct()[0]
             return tokens[: self._valid_on_matcher(feed, alone.rollback, tokens)]
         with host.lock:
@@ -450,10 +450,10 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         return tokens[:valid]
 
     def _valid_on_matcher(
-        self, accept: Callable[[int], bool], rollback: Callable[[int], None], tokens: list[int]
+        self, accept: Callable[[int, bool], bool], rollback: Callable[[int], None], tokens: list[int]
     ) -> int:
-        """How many of ``tokens`` the matcher takes, asked of the matcher alone (its ``accept``),
-        then rolled back.
+        """How many of ``tokens`` the matcher takes, asked of the matcher alone (its ``accept``,
+        called as :meth:`EngineMatcher.direct`'s), then rolled back.
 
         For a row whose engine runs everywhere (not gated), running and not paused, this is what
         feeding the whole row answers: the core feeds such a row's matcher every token and nothing
@@ -463,7 +463,7 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         terminated = self._terminated
         valid = 0
         for token in tokens:
-            if terminated or not accept(token):
+            if terminated or not accept(token, False):
                 break
             valid += 1
             terminated = token in stops
@@ -488,10 +488,9 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
                 self._refresh()
         state = self._state
         alone = state.consumed < self._until and bitmask is host.checked
-        if alone:  # the light path: the engine's mask alone (the module docstring)
-            host.filled.add(id(state))
-            if not self._fill(bitmask, batch_index):
-                bitmask[batch_index].fill_(-1)
+        if alone:  # the light path: the engine's mask alone (the module docstring), the row
+            host.filled.add(id(state))  # written whatever the engine answers (EngineMatcher.fill_bitmask)
+            self._fill(bitmask, batch_index, False)
             return
         with host.lock:
             self._until = -1

@@ -321,8 +321,9 @@ class XGrammarMatcher(EngineMatcher):
     def can_end(self) -> bool:
         return bool(self.inner.is_completed())
 
-    def direct(self) -> tuple[Callable[[int], bool], Callable[[torch.Tensor, int], bool]]:
-        return self.inner.accept_token, self.inner.fill_next_token_bitmask
+    def direct(self) -> tuple[Callable[[int, bool], bool], Callable[[torch.Tensor, int, bool], bool]]:
+        handle = self.inner._handle  # the native matcher behind xgrammar's Python class
+        return handle.accept_token, handle.fill_next_token_bitmask
 
     @property
     def batchable(self) -> xgr.GrammarMatcher:
