@@ -7,7 +7,9 @@ a closing tag inside a JSON string does not end the call. Used by the formatter 
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
@@ -114,18 +116,36 @@ def payload_end(text: str, pos: int) -> int | None:
     return _Depth("\"'").feed(text, pos)
 
 
+_SCAN: Callable[[str, int], tuple[object, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+"""json's own scanner (C): one JSON value from an index, and the index past it."""
+
+
+def _object_end(text: str, pos: int) -> int | None:
+    """:func:`payload_end` of the object at ``text[pos]``, read by json's scanner at C speed where
+    it is whole JSON (a call a grammar wrote is): the scanner ends a JSON object where the bracket
+    reader does, strings and escapes alike. Other text (Python literals, an object not closed, a
+    string holding a control character) is left to the bracket reader."""
+    try:
+        return _SCAN(text, pos)[1]
+    except (ValueError, StopIteration, RecursionError):
+        return payload_end(text, pos)
+
+
 def _call_end(text: str, body_start: int, end_tag: str, strict: bool = False) -> tuple[int, int] | None:
     """(body end, span end) of a call whose body starts at ``body_start``, or None if unclosed.
 
     The closing tag must follow the balanced payload; when the payload is not balanced
     (a broken call) the first closing tag after the opening ends it, unless ``strict``: then
-    only a balanced payload followed by the tag closes the call, as in the grammar.
+    only a balanced payload followed by the tag closes the call, as in the grammar. Without a
+    closing tag after the opening the call is open, whatever its payload: nothing is read.
     """
+    if text.find(end_tag, body_start) == -1:
+        return None
     j = body_start
     while j < len(text) and text[j].isspace():
         j += 1
     if j < len(text) and text[j] == "{":
-        close = payload_end(text, j)
+        close = _object_end(text, j)
         if close is not None:
             tag_at = text.find(end_tag, close)
             if tag_at != -1 and not text[close:tag_at].strip():

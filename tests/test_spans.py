@@ -183,3 +183,53 @@ def test_a_call_followed_again_reads_no_span_boundaries(monkeypatch: pytest.Monk
     assert [second.feed(piece) for piece in pieces] == [True, False, False, True, False, False, True]
     assert second.tail.clean and second.calls == 1
     assert read == 0
+
+
+JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(alphabet='ab"\\{}[]<>/\n é', max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.text(alphabet='k"\\}', max_size=3), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    value=st.dictionaries(st.text(max_size=3), JSONISH, max_size=3),
+    cut=st.integers(0, 200),
+    gap=st.sampled_from(["", "\n", " x"]),
+)
+def test_a_calls_end_is_where_the_bracket_reader_ends_its_payload(
+    value: dict[str, object], cut: int, gap: str
+) -> None:
+    """A call's payload read by json's scanner (whole JSON) ends where the bracket reader ends it,
+    whole or cut anywhere (a text still being written), for any strings, escapes and tags in them."""
+    payload = json.dumps(value, ensure_ascii=False)
+    text = f"<tool_call>\n{payload}{gap}</tool_call>tail"[: len(payload) + 12 + cut]
+    close = payload_end(text, 12)
+    tag_at = -1 if close is None else text.find("</tool_call>", close)
+    want = None if tag_at == -1 or text[close:tag_at].strip() else (tag_at, tag_at + 12)
+    assert spans._call_end(text, 11, "</tool_call>", True) == want
+
+
+def test_a_whole_json_payload_is_read_at_c_speed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call whose payload is whole JSON (what a grammar writes) is ended by json's scanner: the
+    bracket reader (a Python loop over the payload's brackets and strings) does not run. It reads
+    what is not JSON (a Python literal), and nothing is read while no closing tag follows."""
+    read: list[str] = []
+    feed = spans._Depth.feed
+
+    def counted(self: spans._Depth, text: str, i: int = 0) -> int | None:
+        read.append(text)
+        return feed(self, text, i)
+
+    monkeypatch.setattr(spans._Depth, "feed", counted)
+    call = '<tool_call>\n{"name": "f", "arguments": {"a": "x}</tool_call>", "b": [1, {"c": null}]}}\n</tool_call>'
+    assert [s.kind for s in split_spans(call + "after", strict=True)] == ["call", "text"]
+    assert split_spans(call[:-1], strict=True)[0].closed is False
+    assert read == []
+    legacy = "<tool_call>\n{'name': 'f', 'arguments': {}}\n</tool_call>"
+    assert split_spans(legacy, strict=True)[0].closed
+    assert len(read) == 1
