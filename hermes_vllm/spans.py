@@ -171,21 +171,27 @@ def split_spans(text: str, dialect: str | Dialect = "hermes", *, strict: bool = 
 _Bounds = tuple[SpanKind, int, int, int, int, bool, TagPair | None]
 """A span as :func:`_bounds` finds it: kind, start, end, its body's start and end, closed, tags."""
 
-_OPENERS: dict[int, tuple[Dialect, list[tuple[str, SpanKind, TagPair]]]] = {}
-"""Each dialect's opening tags (by the dialect's id, the dialect kept so that the id stays its)."""
+_OPENERS: dict[int, tuple[Dialect, list[tuple[str, SpanKind, TagPair]], int]] = {}
+"""Each dialect's opening tags and the longest one's length (by the dialect's id, the dialect
+kept so that the id stays its)."""
 
 
 def _openers(d: Dialect) -> list[tuple[str, SpanKind, TagPair]]:
     """The tags that open a span in ``d``'s text, with the span's kind (read once a dialect: the
     follower reads a row's tail at every tag token)."""
+    return _opening(d)[1]
+
+
+def _opening(d: Dialect) -> tuple[Dialect, list[tuple[str, SpanKind, TagPair]], int]:
+    """``d``, its :func:`_openers` and the longest one's length, read once a dialect."""
     known = _OPENERS.get(id(d))
     if known is not None and known[0] is d:
-        return known[1]
+        return known
     openers: list[tuple[str, SpanKind, TagPair]] = [(d.tool_call.begin, "call", d.tool_call)]
     openers += [(p.begin, "reasoning", p) for p in d.reasoning]
     openers += [(p.begin, "hidden", p) for p in d.hidden]
-    _OPENERS[id(d)] = (d, openers)
-    return openers
+    _OPENERS[id(d)] = known = (d, openers, max(len(b) for b, _, _ in openers))
+    return known
 
 
 def _bounds(text: str, d: Dialect, strict: bool) -> list[_Bounds]:
@@ -269,10 +275,17 @@ SHORT_TAIL = 32
 """Texts up to this long have their tail kept (:func:`read_tail`)."""
 
 SHORT_TAILS_MAX = 4096
-"""The most short texts' tails kept at once (the table is emptied when it is full)."""
+"""The most short texts' tails kept at once, and the most tails of texts no span is open at the
+end of (each table is emptied when it is full)."""
 
 _SHORT_TAILS: dict[tuple[int, str], tuple[Dialect, Tail]] = {}
 """Short texts' tails by the dialect's id and the text (the dialect kept so that the id stays its)."""
+
+
+_FREE_TAILS: dict[tuple[int, str, int], tuple[Dialect, Tail]] = {}
+"""The tails of texts no span is open at the end of, by the dialect's id, the text's last
+characters (those a tag may begin in) and the count of calls (:func:`_tail`): a row's follower
+reads one after every call it closes."""
 
 
 def read_tail(text: str, dialect: Dialect) -> Tail:
@@ -308,11 +321,22 @@ def _tail(text: str, dialect: Dialect, last: _Bounds | None, calls: int) -> Tail
         assert pair is not None
         span = Span(kind, start, end, text[body_start:], closed=False, tags=pair)
         return Tail(span, None, calls, bool(partial_tag_suffix(text, (pair.end,))))
-    if partial_tag_suffix(text, (dialect.tool_call.begin,)):
-        return Tail(None, "call", calls, False)
-    if partial_tag_suffix(text, tuple(p.begin for p in dialect.free_spans)):
-        return Tail(None, "span", calls, False)
-    return Tail(None, None, calls, False)
+    # Only the last characters can begin a tag: one fewer than the longest opening tag has.
+    end = text[len(text) - _opening(dialect)[2] + 1 :]
+    key = (id(dialect), end, calls)
+    known = _FREE_TAILS.get(key)
+    if known is not None and known[0] is dialect:
+        return known[1]
+    if partial_tag_suffix(end, (dialect.tool_call.begin,)):
+        tail = Tail(None, "call", calls, False)
+    elif partial_tag_suffix(end, tuple(p.begin for p in dialect.free_spans)):
+        tail = Tail(None, "span", calls, False)
+    else:
+        tail = Tail(None, None, calls, False)
+    if len(_FREE_TAILS) >= SHORT_TAILS_MAX:
+        _FREE_TAILS.clear()
+    _FREE_TAILS[key] = (dialect, tail)
+    return tail
 
 
 def _call_tail(text: str, dialect: Dialect, pair: TagPair) -> Tail:

@@ -233,3 +233,29 @@ def test_a_whole_json_payload_is_read_at_c_speed(monkeypatch: pytest.MonkeyPatch
     legacy = "<tool_call>\n{'name': 'f', 'arguments': {}}\n</tool_call>"
     assert split_spans(legacy, strict=True)[0].closed
     assert len(read) == 1
+
+
+def test_the_tail_after_a_call_is_kept_by_the_texts_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where no span is open at its end, a text's tail depends only on its last characters (those
+    a tag may begin in) and its count of calls: once read, it is kept by them, so a row closing
+    another call the same way looks for no partial tag; a text ending otherwise is read."""
+    first = TextFollower(HERMES)
+    for piece in ("<tool_call>", '\n{"name": "f", "arguments": {}}\n', "</tool_call>"):
+        first.feed(piece)
+    assert first.tail.clean and first.calls == 1
+    looked: list[str] = []
+    suffix = spans.partial_tag_suffix
+
+    def counted(text: str, tags: tuple[str, ...]) -> int:
+        looked.append(text)
+        return suffix(text, tags)
+
+    monkeypatch.setattr(spans, "partial_tag_suffix", counted)
+    second = TextFollower(HERMES)
+    second.feed("<tool_call>")
+    second.feed('\n{"name": "g", "arguments": {"a": [1, 2]}}\n')
+    assert looked == []
+    second.feed("</tool_call>")
+    assert second.tail.clean and second.calls == 1 and looked == []
+    assert spans._read_tail("text<tool_call>{}</tool_call>x<th", HERMES).begun == "span"
+    assert looked
