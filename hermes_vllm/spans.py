@@ -322,14 +322,14 @@ def _tail(text: str, dialect: Dialect, last: _Bounds | None, calls: int) -> Tail
         span = Span(kind, start, end, text[body_start:], closed=False, tags=pair)
         return Tail(span, None, calls, bool(partial_tag_suffix(text, (pair.end,))))
     # Only the last characters can begin a tag: one fewer than the longest opening tag has.
-    end = text[len(text) - _opening(dialect)[2] + 1 :]
-    key = (id(dialect), end, calls)
+    ending = text[max(0, len(text) - _opening(dialect)[2] + 1) :]
+    key = (id(dialect), ending, calls)
     known = _FREE_TAILS.get(key)
     if known is not None and known[0] is dialect:
         return known[1]
-    if partial_tag_suffix(end, (dialect.tool_call.begin,)):
+    if partial_tag_suffix(ending, (dialect.tool_call.begin,)):
         tail = Tail(None, "call", calls, False)
-    elif partial_tag_suffix(end, tuple(p.begin for p in dialect.free_spans)):
+    elif partial_tag_suffix(ending, tuple(p.begin for p in dialect.free_spans)):
         tail = Tail(None, "span", calls, False)
     else:
         tail = Tail(None, None, calls, False)

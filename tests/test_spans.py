@@ -9,7 +9,7 @@ import json
 from itertools import pairwise
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from hermes_vllm import spans
@@ -259,3 +259,24 @@ def test_the_tail_after_a_call_is_kept_by_the_texts_end(monkeypatch: pytest.Monk
     assert second.tail.clean and second.calls == 1 and looked == []
     assert spans._read_tail("text<tool_call>{}</tool_call>x<th", HERMES).begun == "span"
     assert looked
+
+
+@example(text="x<tool_c", name="hermes")  # shorter than the tag, longer than half of it
+@settings(max_examples=300, deadline=None)
+@given(
+    text=st.text(alphabet="<[tool_cahinkerspd]>/ x", max_size=20),
+    name=st.sampled_from(["hermes", "chatml-brackets"]),
+)
+def test_a_texts_tail_is_read_from_its_last_characters_alone(text: str, name: str) -> None:
+    """The tail kept by a text's last characters is the one its whole reading gives, for texts
+    shorter and longer than the longest opening tag."""
+    dialect = get_dialect(name)
+    spans._FREE_TAILS.clear()
+    want = spans._tail(text, dialect, None, 0)
+    spans._FREE_TAILS.clear()
+    for cut in range(len(text) + 1):
+        spans._tail(text[cut:], dialect, None, 0)
+    assert spans._tail(text, dialect, None, 0) == want
+    begun = spans.partial_tag_suffix(text, (dialect.tool_call.begin,))
+    spanned = spans.partial_tag_suffix(text, tuple(p.begin for p in dialect.free_spans))
+    assert want.begun == ("call" if begun else "span" if spanned else None)
