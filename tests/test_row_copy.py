@@ -374,3 +374,37 @@ def test_the_light_path_asks_xgrammars_native_matcher(
         assert torch.equal(row[0], bitmask[j]), j
         if token is not None:
             core.advance(plain, (token,))
+
+
+def test_a_fill_off_the_light_path_asks_xgrammars_native_matcher_too(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the row's fill is its engine's mask (after the call, outside the light path), a
+    hosted row whose matcher adds nothing to its engine's fills through xgrammar's native matcher
+    as well, with the mask the core fills."""
+    import xgrammar as xgr
+
+    filled: list[int] = []
+    original = xgr.GrammarMatcher.fill_next_token_bitmask
+
+    def counting(self: Any, *args: Any, **kw: Any) -> Any:
+        filled.append(1)
+        return original(self, *args, **kw)
+
+    monkeypatch.setattr(xgr.GrammarMatcher, "fill_next_token_bitmask", counting)
+    core = ConstraintCore(lambda: tokenizer, len(tokenizer), engine="xgrammar")
+    rows = [core.admit(constraint_args([WEATHER], "required"), [], max_tokens=200) for _ in range(2)]
+    assert rows[0] is not None and rows[1] is not None
+    hosted = HostedGrammar(RowHost(core, window=4), rows[0])
+    width = (len(tokenizer) + 31) // 32
+    bitmask, row = (torch.zeros((1, width), dtype=torch.int32) for _ in range(2))
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lyon"}}\n</tool_call>'
+    for token in tokenizer.encode(call, add_special_tokens=False):
+        hosted.fill_bitmask(bitmask, 0)
+        assert hosted.accept_tokens("row", [token])
+        core.advance(rows[1], (token,))
+    filled.clear()
+    hosted.fill_bitmask(bitmask, 0)
+    assert filled == []
+    core.fill([(0, rows[1])], len(tokenizer), bitmask=row)
+    assert filled and torch.equal(row, bitmask)

@@ -115,8 +115,16 @@ class RowHost:
         self.core.start_engine(state)  # the row is not shared yet: no lock
         return HostedGrammar(self, state)
 
-    def fill_into(self, state: RowState, bitmask: torch.Tensor, row: int) -> None:
+    def fill_into(
+        self,
+        state: RowState,
+        bitmask: torch.Tensor,
+        row: int,
+        native: Callable[[torch.Tensor, int, bool], bool] | None = None,
+    ) -> None:
         """Fill ``bitmask[row]`` (vLLM's) for ``state``, every token allowed where nothing is masked.
+        ``native``: the row's matcher's engine fill (:meth:`EngineMatcher.direct`), where the
+        matcher adds nothing to its engine's (:attr:`ToolCallMatcher.alone`).
 
         The core fills vLLM's bitmask in place: filling a row of its own and copying it cost a
         quarter of a fill. Both are sized from the model's vocabulary; where they are not alike
@@ -135,7 +143,10 @@ class RowHost:
         kind, plan = core.decide(state)
         if kind is Fill.ENGINE:  # the row written whatever the engine answers (EngineMatcher.fill_bitmask)
             assert state.engine.matcher is not None
-            state.engine.matcher.fill_bitmask(bitmask, row)
+            if native is None:
+                state.engine.matcher.fill_bitmask(bitmask, row)
+            else:
+                native(bitmask, row, False)
         elif kind is Fill.FREE:
             bitmask[row].fill_(-1)
         else:
@@ -203,8 +214,9 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         self._keep = 2 * host.window
         """The trail is cut back to the host's window once it is this long (the window is what
         vLLM may roll back: ``num_speculative_tokens + 1``)."""
-        self._lag: list[int] = []
-        """Light tokens whose text the row's follower has not been given yet (:meth:`_sync`)."""
+        self._lag: list[str] = []
+        """The text (latin-1) of light tokens the row's follower has not been given yet
+        (:meth:`_sync`), a piece a token."""
 
     @property
     def state(self) -> RowState:
@@ -235,8 +247,7 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         """Give the row's follower the text of the light tokens it has not had yet."""
         lag = self._lag
         if lag:
-            latin1 = self._latin1
-            self._state.gate.follower.text += "".join([latin1[t] for t in lag])
+            self._state.gate.follower.text += "".join(lag)
             lag.clear()
 
     def _go_back(self) -> None:
@@ -309,7 +320,7 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         self._matcher.accepted += 1
         self._trail.append((None, token, False, self._progress))
         state.consumed += 1
-        self._lag.append(token)
+        self._lag.append(piece)
         if state.gate.on:
             state.gate.pending.append(token)
         return True
@@ -495,7 +506,8 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         with host.lock:
             self._until = -1
             self._sync()
-            host.fill_into(state, bitmask, batch_index)
+            native = self._engine is not None and state.engine.matcher is self._matcher
+            host.fill_into(state, bitmask, batch_index, self._fill if native else None)
 
     def is_terminated(self) -> bool:
         back = self._back
