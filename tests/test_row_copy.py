@@ -12,7 +12,6 @@ with no engine work and no copy, and a draft costs one engine accept.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -25,6 +24,7 @@ from hermes_vllm.budget import TurnBudget
 from hermes_vllm.budget.turn_budget import Progress
 from hermes_vllm.dialect import get_dialect
 from hermes_vllm.grammar.compiler import ToolCallMatcher
+from hermes_vllm.grammar.engines.base import Direct
 from hermes_vllm.grammar.engines.xgrammar import XGrammarMatcher
 from hermes_vllm.processor.core import ConstraintCore, EngineState, Gate, RowState
 from hermes_vllm.processor.hosted import HostedGrammar, RowHost
@@ -209,14 +209,14 @@ def _counted(grammar: HostedGrammar) -> list[int]:
         offered.append(token)
         return accept(token)
 
-    def counting_direct() -> tuple[Callable[[int, bool], bool], Callable[[torch.Tensor, int, bool], bool]]:
-        native, fill = direct()
+    def counting_direct() -> Direct:
+        native, fill, rollback = direct()
 
         def feed(token: int, debug: bool) -> bool:
             offered.append(token)
             return bool(native(token, debug))
 
-        return feed, fill
+        return feed, fill, rollback
 
     inner.accept_token = counting  # type: ignore[method-assign]
     inner.direct = counting_direct  # type: ignore[method-assign]
@@ -325,14 +325,14 @@ def test_a_token_that_only_lengthens_a_call_leaves_the_row_as_the_full_reading_d
 def test_the_light_path_asks_xgrammars_native_matcher(
     tokenizer: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Inside a call, no stop string watched, a hosted row's drafts are fed and its positions
-    filled by xgrammar's native matcher (:meth:`EngineMatcher.direct`), not through its Python
-    class, whose wrappers cost a call on every token and every fill; and the masks are those the
-    core fills for a row fed without drafts."""
+    """Inside a call, no stop string watched, a hosted row's drafts are fed, its positions filled
+    and its drafts rolled back by xgrammar's native matcher (:meth:`EngineMatcher.direct`), not
+    through its Python class, whose wrappers cost a call on every token, fill and rollback; and
+    the masks are those the core fills for a row fed without drafts."""
     import xgrammar as xgr
 
     wrapped: list[str] = []
-    for method in ("accept_token", "fill_next_token_bitmask"):
+    for method in ("accept_token", "fill_next_token_bitmask", "rollback"):
         original = getattr(xgr.GrammarMatcher, method)
 
         def counting(self: Any, *args: Any, _original: Any = original, _name: str = method, **kw: Any) -> Any:
@@ -356,6 +356,12 @@ def test_the_light_path_asks_xgrammars_native_matcher(
     wrapped.clear()
     drafts = tokenizer.encode("Lyon, France", add_special_tokens=False)[:3]
     assert hosted.validate_tokens(drafts) == drafts
+    for j, token in enumerate(drafts):
+        hosted.fill_bitmask(bitmask, j)
+        assert hosted.accept_tokens("row", [token])
+    hosted.fill_bitmask(bitmask, len(drafts))
+    hosted.rollback(len(drafts))  # none kept: the next fill goes back over them
+    hosted.fill_bitmask(bitmask, 0)
     for j, token in enumerate(drafts):
         hosted.fill_bitmask(bitmask, j)
         assert hosted.accept_tokens("row", [token])

@@ -47,7 +47,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import numpy as np
 import torch
@@ -200,10 +200,11 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         be read again (:meth:`_refresh`), since the row moved otherwise."""
         self._matcher: ToolCallMatcher | None = None
         self._engine: EngineMatcher | None = None
-        """The row's engine matcher, fed and filled directly on the light path (:attr:`_feed`,
-        :attr:`_fill`: :meth:`EngineMatcher.direct`)."""
+        """The row's engine matcher, fed, filled and rolled back directly on the light path
+        (:attr:`_feed`, :attr:`_fill`, :attr:`_rollback`: :meth:`EngineMatcher.direct`)."""
         self._feed: Callable[[int, bool], bool] = _unread
         self._fill: Callable[[torch.Tensor, int, bool], bool] = _unread
+        self._rollback: Callable[[int], None] = _unread
         self._end = ""
         """The first character of the open call's closing tag: a token holding it is read whole."""
         self._watched: np.ndarray | None = None
@@ -234,7 +235,7 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         engine = None if matcher is None else matcher.alone
         until, watched = self._host.core.engine_alone_until(state) if engine is not None else (0, None)
         if engine is not self._engine:
-            self._feed, self._fill = (_unread, _unread) if engine is None else engine.direct()
+            self._feed, self._fill, self._rollback = (_unread,) * 3 if engine is None else engine.direct()
         self._until, self._matcher, self._engine, self._watched = until, matcher, engine, watched
         if until:
             span = state.gate.follower.tail.open
@@ -288,8 +289,13 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
                 chars = sum(len(self._latin1[t]) for t in synced)
                 follower.text = follower.text[: len(follower.text) - chars]
             state.consumed -= light
-            assert state.engine.matcher is not None
-            state.engine.matcher.rollback(light)
+            matcher = state.engine.matcher
+            assert matcher is not None
+            if self._engine is not None and matcher is self._matcher:  # its engine's alone
+                matcher.accepted -= light
+                self._rollback(light)
+            else:
+                matcher.rollback(light)
             if state.gate.on:
                 del state.gate.pending[len(state.gate.pending) - light :]
             progress = trail[start][3]
@@ -446,8 +452,10 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
             if alone is None:
                 accept = matcher.accept_token
                 return tokens[: self._valid_on_matcher(lambda t, _: accept(t), matcher.rollback, tokens)]
-            feed = self._feed if alone is self._engine else alone.direct()[0]
-            return tokens[: self._valid_on_matcher(feed, alone.rollback, tokens)]
+            if alone is self._engine:
+                return tokens[: self._valid_on_matcher(self._feed, self._rollback, tokens)]
+            feed, _, rollback = alone.direct()
+            return tokens[: self._valid_on_matcher(feed, rollback, tokens)]
         with host.lock:
             self._sync()
             start, terminated = state.mark(), self._terminated
@@ -540,7 +548,7 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
             self._terminated = False
 
 
-def _unread(*_: object) -> bool:
+def _unread(*_: object) -> NoReturn:
     """A row's direct engine calls before its light path was read (:meth:`HostedGrammar._refresh`:
     only then are they taken)."""
     raise AssertionError("hermes-vllm: a hosted row's light path was taken before it was read")
