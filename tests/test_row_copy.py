@@ -414,3 +414,28 @@ def test_a_fill_off_the_light_path_asks_xgrammars_native_matcher_too(
     assert filled == []
     core.fill([(0, rows[1])], len(tokenizer), bitmask=row)
     assert filled and torch.equal(row, bitmask)
+
+
+def test_a_position_off_the_light_path_is_read_once(tokenizer: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside a call, where a hosted row is off the light path, its fill reads so once and its
+    token's accept does not read it again (the fill moves no row onto the path, and staying off
+    it is the full reading): one read a position."""
+    core = ConstraintCore(lambda: tokenizer, len(tokenizer), engine="xgrammar")
+    reads: list[int] = []
+    alone_until = core.engine_alone_until
+
+    def counted(state: RowState) -> tuple[int, Any]:
+        reads.append(state.consumed)
+        return alone_until(state)
+
+    monkeypatch.setattr(core, "engine_alone_until", counted)
+    state = core.admit(constraint_args([WEATHER], "required"), [], max_tokens=200)
+    assert state is not None
+    core.start_engine(state)  # as vLLM's compile thread does (RowHost.grammar)
+    hosted = HostedGrammar(RowHost(core, window=4), state)
+    bitmask = torch.zeros((1, (len(tokenizer) + 31) // 32), dtype=torch.int32)
+    opening = tokenizer.encode("<tool_call>", add_special_tokens=False)
+    for token in opening:
+        hosted.fill_bitmask(bitmask, 0)
+        assert hosted.accept_tokens("row", [token])
+    assert reads == list(range(len(opening)))

@@ -512,7 +512,8 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
             self._fill(bitmask, batch_index, False)
             return
         with host.lock:
-            self._until = -1
+            if self._until:  # 0 (read at this position: off the path) stays for the token's accept
+                self._until = -1
             self._sync()
             native = self._engine is not None and state.engine.matcher is self._matcher
             host.fill_into(state, bitmask, batch_index, self._fill if native else None)
