@@ -439,3 +439,40 @@ def test_a_position_off_the_light_path_is_read_once(tokenizer: Any, monkeypatch:
         hosted.fill_bitmask(bitmask, 0)
         assert hosted.accept_tokens("row", [token])
     assert reads == list(range(len(opening)))
+
+
+def test_a_tag_on_the_light_path_is_not_planned_again(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A token read whole at a position on the light path (the call's closing tag) takes the
+    budget's known plan there (nothing: the path's fills are the engine's alone) instead of
+    planning the position, and the row ends the call as the core's does."""
+    core = ConstraintCore(lambda: tokenizer, len(tokenizer), engine="xgrammar")
+    rows = [core.admit(constraint_args([WEATHER], "required"), [], max_tokens=200) for _ in range(2)]
+    assert rows[0] is not None and rows[1] is not None
+    core.start_engine(rows[0])
+    hosted = HostedGrammar(RowHost(core, window=4), rows[0])
+    bitmask = torch.zeros((1, (len(tokenizer) + 31) // 32), dtype=torch.int32)
+    call = tokenizer.encode(
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lyon"}}\n</tool_call>',
+        add_special_tokens=False,
+    )
+    assert rows[0].budget is not None
+    planned: list[int] = []
+    plan = rows[0].budget.plan
+
+    def counted(consumed: int) -> Any:
+        planned.append(consumed)
+        return plan(consumed)
+
+    monkeypatch.setattr(rows[0].budget, "plan", counted)
+    for token in call:
+        core.decide(rows[1])
+        core.advance(rows[1], (token,))
+        hosted.fill_bitmask(bitmask, 0)
+        planned.clear()
+        assert hosted.accept_tokens("row", [token])
+    assert planned == []  # the closing tag, last, on the path: no plan
+    assert hosted.state.gate.follower.tail == rows[1].gate.follower.tail
+    assert hosted.state.budget is not None and rows[1].budget is not None
+    assert hosted.state.budget.progress == rows[1].budget.progress

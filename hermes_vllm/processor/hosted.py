@@ -336,13 +336,14 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         self._terminated = ok and token in self._state.stop_ids
         return ok
 
-    def _take_whole(self, token: int) -> bool:
+    def _take_whole(self, token: int, light: bool) -> bool:
         """Take ``token`` read whole (a tag, the stop token), the host's lock held: for a row whose
         engine runs everywhere (not gated), running, not paused, and whose matcher is its engine's
         alone (:attr:`_engine`), what :meth:`ConstraintCore.advance` does to it, without the
-        general reading's layers: the budget plans the position where it has not, follows the
-        token's text, then the engine takes the token directly. Elsewhere, and for a token the
-        engine refuses (the engine left as it was), the core's own :meth:`_accept`."""
+        general reading's layers: the budget plans the position where it has not (``light``: a
+        position on the light path, whose plan is known to be nothing, is counted as planned),
+        follows the token's text, then the engine takes the token directly. Elsewhere, and for a
+        token the engine refuses (the engine left as it was), the core's own :meth:`_accept`."""
         state = self._state
         engine = state.engine
         gate = state.gate
@@ -354,7 +355,10 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         consumed = state.consumed
         if budget is not None:
             if budget.progress.planned != consumed:
-                budget.plan(consumed)
+                if light:
+                    budget.skip_plan(consumed)
+                else:
+                    budget.plan(consumed)
             latin1 = self._latin1
             budget.feed(latin1[token] if 0 <= token < len(latin1) else "")
         state.consumed = consumed + 1
@@ -404,7 +408,8 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
             if self._until < 0:
                 with host.lock:
                     self._refresh()
-            if state.consumed < self._until:
+            light = state.consumed < self._until
+            if light:
                 # This position's fill is the engine's alone: it changes nothing in the row.
                 took = None if i == whole else self._take_lightly(token)
                 if took is not None:
@@ -422,7 +427,7 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
                     host.settle(state)  # what the fill this position gets without drafts does
                 self._sync()
                 trail.append((state.mark(), token, self._terminated, None))
-                if self._terminated or not self._take_whole(token):
+                if self._terminated or not self._take_whole(token, light):
                     self._undo(start)
                     return False
         self._trim()
