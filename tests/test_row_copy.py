@@ -476,3 +476,29 @@ def test_a_tag_on_the_light_path_is_not_planned_again(
     assert hosted.state.gate.follower.tail == rows[1].gate.follower.tail
     assert hosted.state.budget is not None and rows[1].budget is not None
     assert hosted.state.budget.progress == rows[1].budget.progress
+
+
+def test_a_hosted_row_is_read_at_admission(tokenizer: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hosted row reads where it stands (its light path, its engine's native calls) when it is
+    built, on vLLM's compile thread (``RowHost.grammar``): its first fill, on the scheduler's
+    thread, reads nothing more, and fills what the core fills."""
+    core = ConstraintCore(lambda: tokenizer, len(tokenizer), engine="xgrammar")
+    reads: list[int] = []
+    alone_until = core.engine_alone_until
+
+    def counted(state: RowState) -> tuple[int, Any]:
+        reads.append(state.consumed)
+        return alone_until(state)
+
+    monkeypatch.setattr(core, "engine_alone_until", counted)
+    rows = [core.admit(constraint_args([WEATHER], "required"), [], max_tokens=200) for _ in range(2)]
+    assert rows[0] is not None and rows[1] is not None
+    core.start_engine(rows[0])
+    hosted = HostedGrammar(RowHost(core, window=4), rows[0])
+    assert reads == [0]
+    width = (len(tokenizer) + 31) // 32
+    bitmask, row = (torch.zeros((1, width), dtype=torch.int32) for _ in range(2))
+    hosted.fill_bitmask(bitmask, 0)
+    assert reads == [0]
+    core.fill([(0, rows[1])], len(tokenizer), bitmask=row)
+    assert torch.equal(row, bitmask)

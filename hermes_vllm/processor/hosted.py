@@ -218,6 +218,8 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         self._lag: list[str] = []
         """The text (latin-1) of light tokens the row's follower has not been given yet
         (:meth:`_sync`), a piece a token."""
+        with host.lock:  # read here, on vLLM's compile thread, not by the first fill
+            self._refresh()
 
     @property
     def state(self) -> RowState:
