@@ -7,7 +7,9 @@ a closing tag inside a JSON string does not end the call. Used by the formatter 
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
@@ -58,13 +60,18 @@ class _Depth:
         i += self.skip
         n = len(text)
         search = _SPECIAL[quotes].search
+        flat = _FLAT[quotes].match
         while i < n:
-            # Jump to the next character that matters (a regex reads the rest at C speed).
-            found = search(text, i)
-            if found is None:
-                i = n
-                break
-            i = found.start()
+            if quote:  # the next character that matters inside the string
+                found = search(text, i)
+                if found is None:
+                    i = n
+                    break
+                i = found.start()
+            else:  # past other text and whole strings to the next bracket or open quote, at C speed
+                i = flat(text, i).end()  # type: ignore[union-attr]  # it matches the empty text
+                if i >= n:
+                    break
             ch = text[i]
             if quote:
                 if ch == "\\":
@@ -72,7 +79,7 @@ class _Depth:
                 elif ch == quote:
                     quote = ""
             elif ch in quotes:
-                quote = ch
+                quote = ch  # a string going on past the text's end
             elif ch in "{[":
                 depth += 1
             elif ch in "}]":
@@ -85,8 +92,19 @@ class _Depth:
         return None
 
 
-_SPECIAL = {quotes: re.compile(f"[{re.escape(quotes)}\\\\{{}}\\[\\]]") for quotes in ('"', "\"'")}
-"""The characters :meth:`_Depth.feed` acts on (a quote, a backslash, a bracket), by its quotes."""
+def _flat(quotes: str) -> re.Pattern[str]:
+    """Text outside strings up to the next bracket or the quote of a string not closed in the text:
+    other characters (a backslash outside a string included) and whole strings, escapes skipped."""
+    other = f"[^{re.escape(quotes)}\\\\{{}}\\[\\]]+"
+    strings = "|".join(f"{q}[^{q}\\\\]*(?:\\\\.[^{q}\\\\]*)*{q}" for q in quotes)
+    return re.compile(f"(?:{other}|{strings}|\\\\)*", re.DOTALL)
+
+
+_FLAT = {quotes: _flat(quotes) for quotes in ('"', "\"'")}
+""":func:`_flat` by :class:`_Depth`'s quotes."""
+
+_SPECIAL = {quotes: re.compile(f"[{re.escape(quotes)}\\\\]") for quotes in ('"', "\"'")}
+"""The characters :meth:`_Depth.feed` acts on inside a string (its quote, a backslash), by its quotes."""
 
 
 def payload_end(text: str, pos: int) -> int | None:
@@ -98,18 +116,36 @@ def payload_end(text: str, pos: int) -> int | None:
     return _Depth("\"'").feed(text, pos)
 
 
+_SCAN: Callable[[str, int], tuple[object, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+"""json's own scanner (C): one JSON value from an index, and the index past it."""
+
+
+def _object_end(text: str, pos: int) -> int | None:
+    """:func:`payload_end` of the object at ``text[pos]``, read by json's scanner at C speed where
+    it is whole JSON (a call a grammar wrote is): the scanner ends a JSON object where the bracket
+    reader does, strings and escapes alike. Other text (Python literals, an object not closed, a
+    string holding a control character) is left to the bracket reader."""
+    try:
+        return _SCAN(text, pos)[1]
+    except (ValueError, StopIteration, RecursionError):
+        return payload_end(text, pos)
+
+
 def _call_end(text: str, body_start: int, end_tag: str, strict: bool = False) -> tuple[int, int] | None:
     """(body end, span end) of a call whose body starts at ``body_start``, or None if unclosed.
 
     The closing tag must follow the balanced payload; when the payload is not balanced
     (a broken call) the first closing tag after the opening ends it, unless ``strict``: then
-    only a balanced payload followed by the tag closes the call, as in the grammar.
+    only a balanced payload followed by the tag closes the call, as in the grammar. Without a
+    closing tag after the opening the call is open, whatever its payload: nothing is read.
     """
+    if text.find(end_tag, body_start) == -1:
+        return None
     j = body_start
     while j < len(text) and text[j].isspace():
         j += 1
     if j < len(text) and text[j] == "{":
-        close = payload_end(text, j)
+        close = _object_end(text, j)
         if close is not None:
             tag_at = text.find(end_tag, close)
             if tag_at != -1 and not text[close:tag_at].strip():
@@ -135,21 +171,27 @@ def split_spans(text: str, dialect: str | Dialect = "hermes", *, strict: bool = 
 _Bounds = tuple[SpanKind, int, int, int, int, bool, TagPair | None]
 """A span as :func:`_bounds` finds it: kind, start, end, its body's start and end, closed, tags."""
 
-_OPENERS: dict[int, tuple[Dialect, list[tuple[str, SpanKind, TagPair]]]] = {}
-"""Each dialect's opening tags (by the dialect's id, the dialect kept so that the id stays its)."""
+_OPENERS: dict[int, tuple[Dialect, list[tuple[str, SpanKind, TagPair]], int]] = {}
+"""Each dialect's opening tags and the longest one's length (by the dialect's id, the dialect
+kept so that the id stays its)."""
 
 
 def _openers(d: Dialect) -> list[tuple[str, SpanKind, TagPair]]:
     """The tags that open a span in ``d``'s text, with the span's kind (read once a dialect: the
     follower reads a row's tail at every tag token)."""
+    return _opening(d)[1]
+
+
+def _opening(d: Dialect) -> tuple[Dialect, list[tuple[str, SpanKind, TagPair]], int]:
+    """``d``, its :func:`_openers` and the longest one's length, read once a dialect."""
     known = _OPENERS.get(id(d))
     if known is not None and known[0] is d:
-        return known[1]
+        return known
     openers: list[tuple[str, SpanKind, TagPair]] = [(d.tool_call.begin, "call", d.tool_call)]
     openers += [(p.begin, "reasoning", p) for p in d.reasoning]
     openers += [(p.begin, "hidden", p) for p in d.hidden]
-    _OPENERS[id(d)] = (d, openers)
-    return openers
+    _OPENERS[id(d)] = known = (d, openers, max(len(b) for b, _, _ in openers))
+    return known
 
 
 def _bounds(text: str, d: Dialect, strict: bool) -> list[_Bounds]:
@@ -229,20 +271,86 @@ class Tail(NamedTuple):
         return self.open is None and self.begun is None
 
 
+SHORT_TAIL = 32
+"""Texts up to this long have their tail kept (:func:`read_tail`)."""
+
+SHORT_TAILS_MAX = 4096
+"""The most short texts' tails kept at once, and the most tails of texts no span is open at the
+end of (each table is emptied when it is full)."""
+
+_SHORT_TAILS: dict[tuple[int, str], tuple[Dialect, Tail]] = {}
+"""Short texts' tails by the dialect's id and the text (the dialect kept so that the id stays its)."""
+
+
+_FREE_TAILS: dict[tuple[int, str, int], tuple[Dialect, Tail]] = {}
+"""The tails of texts no span is open at the end of, by the dialect's id, the text's last
+characters (those a tag may begin in) and the count of calls (:func:`_tail`): a row's follower
+reads one after every call it closes."""
+
+
 def read_tail(text: str, dialect: Dialect) -> Tail:
-    """Where ``text`` (a turn, or its part since a clean point) stands; see :class:`Tail`."""
+    """Where ``text`` (a turn, or its part since a clean point) stands; see :class:`Tail`.
+
+    A short text's tail is kept: a row's follower reads a few short texts again and again, one
+    per call at least (the opening tag alone, as the text since a clean point; the stop token's
+    text after a call), each a read of every tag of the dialect. The tail is immutable, so one
+    read serves every row; the table is bounded (:data:`SHORT_TAILS_MAX`)."""
+    if len(text) > SHORT_TAIL:
+        return _read_tail(text, dialect)
+    key = (id(dialect), text)
+    known = _SHORT_TAILS.get(key)
+    if known is not None and known[0] is dialect:
+        return known[1]
+    tail = _read_tail(text, dialect)
+    if len(_SHORT_TAILS) >= SHORT_TAILS_MAX:
+        _SHORT_TAILS.clear()
+    _SHORT_TAILS[key] = (dialect, tail)
+    return tail
+
+
+def _read_tail(text: str, dialect: Dialect) -> Tail:
+    """:func:`read_tail`, read."""
     spans = _bounds(text, dialect, True)
-    calls = sum(s[0] == "call" for s in spans)
-    if spans and not spans[-1][5]:
-        kind, start, end, body_start, _, _, pair = spans[-1]
+    return _tail(text, dialect, spans[-1] if spans else None, sum(s[0] == "call" for s in spans))
+
+
+def _tail(text: str, dialect: Dialect, last: _Bounds | None, calls: int) -> Tail:
+    """The tail of ``text`` whose last span is ``last`` and which holds ``calls`` calls."""
+    if last is not None and not last[5]:
+        kind, start, end, body_start, _, _, pair = last
         assert pair is not None
-        last = Span(kind, start, end, text[body_start:], closed=False, tags=pair)
-        return Tail(last, None, calls, bool(partial_tag_suffix(text, (pair.end,))))
-    if partial_tag_suffix(text, (dialect.tool_call.begin,)):
-        return Tail(None, "call", calls, False)
-    if partial_tag_suffix(text, tuple(p.begin for p in dialect.free_spans)):
-        return Tail(None, "span", calls, False)
-    return Tail(None, None, calls, False)
+        span = Span(kind, start, end, text[body_start:], closed=False, tags=pair)
+        return Tail(span, None, calls, bool(partial_tag_suffix(text, (pair.end,))))
+    # Only the last characters can begin a tag: one fewer than the longest opening tag has.
+    ending = text[max(0, len(text) - _opening(dialect)[2] + 1) :]
+    key = (id(dialect), ending, calls)
+    known = _FREE_TAILS.get(key)
+    if known is not None and known[0] is dialect:
+        return known[1]
+    if partial_tag_suffix(ending, (dialect.tool_call.begin,)):
+        tail = Tail(None, "call", calls, False)
+    elif partial_tag_suffix(ending, tuple(p.begin for p in dialect.free_spans)):
+        tail = Tail(None, "span", calls, False)
+    else:
+        tail = Tail(None, None, calls, False)
+    if len(_FREE_TAILS) >= SHORT_TAILS_MAX:
+        _FREE_TAILS.clear()
+    _FREE_TAILS[key] = (dialect, tail)
+    return tail
+
+
+def _call_tail(text: str, dialect: Dialect, pair: TagPair) -> Tail:
+    """:func:`read_tail` of ``text`` that begins with a call's opening tag (``pair``'s), no longer
+    opening tag beginning with it in ``dialect``: the call is the text's first span, so only its
+    end is looked for (a text going on after the call is read whole)."""
+    n = len(text)
+    body_start = len(pair.begin)
+    bounds = _call_end(text, body_start, pair.end, True)
+    if bounds is None:
+        return _tail(text, dialect, ("call", 0, n, body_start, n, False, pair), 1)
+    if bounds[1] < n:
+        return _read_tail(text, dialect)
+    return _tail(text, dialect, ("call", 0, n, body_start, bounds[0], True, pair), 1)
 
 
 class TextFollower:
@@ -254,7 +362,7 @@ class TextFollower:
     at a clean point dropped).
     """
 
-    __slots__ = ("_marks", "calls", "dialect", "reach", "recent", "tail", "text")
+    __slots__ = ("_call_first", "_marks", "calls", "dialect", "reach", "recent", "tail", "text")
 
     def __init__(self, dialect: Dialect, reach: int = 0) -> None:
         self.dialect = dialect
@@ -268,6 +376,12 @@ class TextFollower:
         """The last ``reach`` characters written, clean points or not: where a stop string may
         have begun."""
         self._marks = "".join({p.begin[0] for p in (dialect.tool_call, *dialect.free_spans)})
+        begin = dialect.tool_call.begin
+        self._call_first = not any(
+            len(b) > len(begin) and b.startswith(begin) for b, _, _ in _openers(dialect)
+        )
+        """Whether a text beginning with a call's opening tag has the call as its first span
+        (no longer opening tag begins with it): the end of such a call is read alone (:meth:`feed`)."""
 
     @property
     def calls_begun(self) -> int:
@@ -287,7 +401,11 @@ class TextFollower:
         elif tail.clean and not any(c in piece for c in self._marks):
             return False
         self.text += piece
-        new = read_tail(self.text, self.dialect)
+        if span is not None and span.start == 0 and span.kind == "call" and self._call_first:
+            assert span.tags is not None
+            new = _call_tail(self.text, self.dialect, span.tags)
+        else:
+            new = read_tail(self.text, self.dialect)
         if new.clean:
             self.calls += new.calls
             self.text = ""

@@ -347,6 +347,28 @@ def test_masks_stops_and_rollback(engine: str, tokenizer: Any) -> None:
 
 
 @pytest.mark.parametrize("engine", ENGINE_NAMES)
+def test_a_fill_writes_the_whole_row_whatever_it_answers(engine: str, tokenizer: Any) -> None:
+    """An engine matcher's fill writes every word of its row, also where it answers False (every
+    token allowed): a hot path takes the row as written and does not fill it again
+    (:meth:`EngineMatcher.fill_bitmask`), as vLLM's own xgrammar backend does."""
+    compiler = compiler_for(engine, tokenizer)
+    matcher = compiler.compile(TOOLS).matcher().engine_matcher
+    bitmask = allocate_bitmask(2, compiler.vocab.vocab_size)
+    text = 'Hi <tool_call>{"name": "put", "arguments": {"x": "z"}}</tool_call>'
+    answers = []
+    for token_id in [None, *spell(tokenizer, text)]:
+        if token_id is not None:
+            assert matcher.accept_token(token_id)
+        bitmask[0].fill_(0)
+        bitmask[1].fill_(0x5A5A5A5A)
+        answers.append(matcher.fill_bitmask(bitmask, 0))
+        assert matcher.fill_bitmask(bitmask, 1) == answers[-1]
+        assert torch.equal(bitmask[0], bitmask[1]), token_id
+        if not answers[-1]:
+            assert bool((bitmask[0] == -1).all())
+
+
+@pytest.mark.parametrize("engine", ENGINE_NAMES)
 def test_batch_fill_matches_row_fills(engine: str, tokenizer: Any) -> None:
     compiler = compiler_for(engine, tokenizer)
     grammar = compiler.compile(TOOLS)

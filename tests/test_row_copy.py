@@ -24,6 +24,8 @@ from hermes_vllm.budget import TurnBudget
 from hermes_vllm.budget.turn_budget import Progress
 from hermes_vllm.dialect import get_dialect
 from hermes_vllm.grammar.compiler import ToolCallMatcher
+from hermes_vllm.grammar.engines.base import Direct
+from hermes_vllm.grammar.engines.xgrammar import XGrammarMatcher
 from hermes_vllm.processor.core import ConstraintCore
 from hermes_vllm.processor.hosted import HostedGrammar, RowHost
 from hermes_vllm.processor.row import EngineState, Gate, RowState
@@ -81,7 +83,7 @@ def changed(value: Any) -> Any:
 
 FIXED = ("request", "prepared", "future")
 """Fields fixed at admission whose values cannot be made up."""
-ADMITTED = ("stop_ids", "refused_stops", "refused_in_calls", "dialect", "reach", "_marks")
+ADMITTED = ("stop_ids", "refused_stops", "refused_in_calls", "dialect", "reach", "_marks", "_call_first")
 """Fields fixed at admission (the row's and its text follower's): never changed, so not marked."""
 REBOUND = {
     "dialect": lambda: get_dialect("chatml-brackets"),
@@ -193,19 +195,34 @@ def test_a_mark_holds_the_pending_tokens_by_their_length(tokenizer: Any) -> None
 
 
 def _counted(grammar: HostedGrammar) -> list[int]:
-    """The tokens the row's engine matcher is offered from now on (the matcher itself counts its
-    net accepted tokens only)."""
+    """The tokens the row's engine is offered from now on, counted on its xgrammar matcher: the
+    hosted row reaches it through its engine matcher or through its native calls
+    (:meth:`EngineMatcher.direct`, taken again here). The matcher itself counts its net accepted
+    tokens only."""
     matcher = grammar.state.engine.matcher
     assert matcher is not None
     inner = matcher.engine_matcher
+    assert isinstance(inner, XGrammarMatcher)
     offered: list[int] = []
-    accept = inner.accept_token
+    accept, direct = inner.accept_token, inner.direct
 
     def counting(token: int) -> bool:
         offered.append(token)
         return accept(token)
 
+    def counting_direct() -> Direct:
+        native, fill, rollback = direct()
+
+        def feed(token: int, debug: bool) -> bool:
+            offered.append(token)
+            return bool(native(token, debug))
+
+        return feed, fill, rollback
+
     inner.accept_token = counting  # type: ignore[method-assign]
+    inner.direct = counting_direct  # type: ignore[method-assign]
+    grammar._engine = None  # the row takes its engine's direct calls again (HostedGrammar._refresh)
+    grammar._until = -1
     return offered
 
 
@@ -304,3 +321,185 @@ def test_a_token_that_only_lengthens_a_call_leaves_the_row_as_the_full_reading_d
         assert fast == full
     assert rows[0][1].failed is None
     assert (taken[0] > 10) == (not stop and max_tokens > 100)  # in the alert window: read in full
+
+
+def test_the_light_path_asks_xgrammars_native_matcher(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inside a call, no stop string watched, a hosted row's drafts are fed, its positions filled
+    and its drafts rolled back by xgrammar's native matcher (:meth:`EngineMatcher.direct`), not
+    through its Python class, whose wrappers cost a call on every token, fill and rollback; and
+    the masks are those the core fills for a row fed without drafts."""
+    import xgrammar as xgr
+
+    wrapped: list[str] = []
+    for method in ("accept_token", "fill_next_token_bitmask", "rollback"):
+        original = getattr(xgr.GrammarMatcher, method)
+
+        def counting(self: Any, *args: Any, _original: Any = original, _name: str = method, **kw: Any) -> Any:
+            wrapped.append(_name)
+            return _original(self, *args, **kw)
+
+        monkeypatch.setattr(xgr.GrammarMatcher, method, counting)
+    core = ConstraintCore(lambda: tokenizer, len(tokenizer), engine="xgrammar")
+    state = core.admit(constraint_args([WEATHER], "required"), [], max_tokens=200)
+    assert state is not None
+    hosted = HostedGrammar(RowHost(core, window=4), state)
+    width = (len(tokenizer) + 31) // 32
+    bitmask = torch.zeros((4, width), dtype=torch.int32)
+    head = tokenizer.encode(
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "', add_special_tokens=False
+    )
+    for token in head:
+        hosted.fill_bitmask(bitmask, 0)
+        assert hosted.accept_tokens("row", [token])
+    assert wrapped, "the row was not read through the wrappers before its call"
+    wrapped.clear()
+    drafts = tokenizer.encode("Lyon, France", add_special_tokens=False)[:3]
+    assert hosted.validate_tokens(drafts) == drafts
+    for j, token in enumerate(drafts):
+        hosted.fill_bitmask(bitmask, j)
+        assert hosted.accept_tokens("row", [token])
+    hosted.fill_bitmask(bitmask, len(drafts))
+    hosted.rollback(len(drafts))  # none kept: the next fill goes back over them
+    hosted.fill_bitmask(bitmask, 0)
+    for j, token in enumerate(drafts):
+        hosted.fill_bitmask(bitmask, j)
+        assert hosted.accept_tokens("row", [token])
+    hosted.fill_bitmask(bitmask, len(drafts))
+    assert wrapped == []
+    monkeypatch.undo()
+    plain = core.admit(constraint_args([WEATHER], "required"), [], max_tokens=200)
+    assert plain is not None
+    row = torch.zeros((1, width), dtype=torch.int32)
+    for token in head:
+        core.fill([(0, plain)], len(tokenizer), bitmask=row)
+        core.advance(plain, (token,))
+    for j, token in enumerate([*drafts, None]):
+        row.zero_()
+        core.fill([(0, plain)], len(tokenizer), bitmask=row)
+        assert torch.equal(row[0], bitmask[j]), j
+        if token is not None:
+            core.advance(plain, (token,))
+
+
+def test_a_fill_off_the_light_path_asks_xgrammars_native_matcher_too(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the row's fill is its engine's mask (after the call, outside the light path), a
+    hosted row whose matcher adds nothing to its engine's fills through xgrammar's native matcher
+    as well, with the mask the core fills."""
+    import xgrammar as xgr
+
+    filled: list[int] = []
+    original = xgr.GrammarMatcher.fill_next_token_bitmask
+
+    def counting(self: Any, *args: Any, **kw: Any) -> Any:
+        filled.append(1)
+        return original(self, *args, **kw)
+
+    monkeypatch.setattr(xgr.GrammarMatcher, "fill_next_token_bitmask", counting)
+    core = ConstraintCore(lambda: tokenizer, len(tokenizer), engine="xgrammar")
+    rows = [core.admit(constraint_args([WEATHER], "required"), [], max_tokens=200) for _ in range(2)]
+    assert rows[0] is not None and rows[1] is not None
+    hosted = HostedGrammar(RowHost(core, window=4), rows[0])
+    width = (len(tokenizer) + 31) // 32
+    bitmask, row = (torch.zeros((1, width), dtype=torch.int32) for _ in range(2))
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lyon"}}\n</tool_call>'
+    for token in tokenizer.encode(call, add_special_tokens=False):
+        hosted.fill_bitmask(bitmask, 0)
+        assert hosted.accept_tokens("row", [token])
+        core.advance(rows[1], (token,))
+    filled.clear()
+    hosted.fill_bitmask(bitmask, 0)
+    assert filled == []
+    core.fill([(0, rows[1])], len(tokenizer), bitmask=row)
+    assert filled and torch.equal(row, bitmask)
+
+
+def test_a_position_off_the_light_path_is_read_once(tokenizer: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside a call, where a hosted row is off the light path, its fill reads so once and its
+    token's accept does not read it again (the fill moves no row onto the path, and staying off
+    it is the full reading): one read a position."""
+    core = ConstraintCore(lambda: tokenizer, len(tokenizer), engine="xgrammar")
+    reads: list[int] = []
+    alone_until = core.engine_alone_until
+
+    def counted(state: RowState) -> tuple[int, Any]:
+        reads.append(state.consumed)
+        return alone_until(state)
+
+    monkeypatch.setattr(core, "engine_alone_until", counted)
+    state = core.admit(constraint_args([WEATHER], "required"), [], max_tokens=200)
+    assert state is not None
+    core.start_engine(state)  # as vLLM's compile thread does (RowHost.grammar)
+    hosted = HostedGrammar(RowHost(core, window=4), state)
+    bitmask = torch.zeros((1, (len(tokenizer) + 31) // 32), dtype=torch.int32)
+    opening = tokenizer.encode("<tool_call>", add_special_tokens=False)
+    for token in opening:
+        hosted.fill_bitmask(bitmask, 0)
+        assert hosted.accept_tokens("row", [token])
+    assert reads == list(range(len(opening)))
+
+
+def test_a_tag_on_the_light_path_is_not_planned_again(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A token read whole at a position on the light path (the call's closing tag) takes the
+    budget's known plan there (nothing: the path's fills are the engine's alone) instead of
+    planning the position, and the row ends the call as the core's does."""
+    core = ConstraintCore(lambda: tokenizer, len(tokenizer), engine="xgrammar")
+    rows = [core.admit(constraint_args([WEATHER], "required"), [], max_tokens=200) for _ in range(2)]
+    assert rows[0] is not None and rows[1] is not None
+    core.start_engine(rows[0])
+    hosted = HostedGrammar(RowHost(core, window=4), rows[0])
+    bitmask = torch.zeros((1, (len(tokenizer) + 31) // 32), dtype=torch.int32)
+    call = tokenizer.encode(
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lyon"}}\n</tool_call>',
+        add_special_tokens=False,
+    )
+    assert rows[0].budget is not None
+    planned: list[int] = []
+    plan = rows[0].budget.plan
+
+    def counted(consumed: int) -> Any:
+        planned.append(consumed)
+        return plan(consumed)
+
+    monkeypatch.setattr(rows[0].budget, "plan", counted)
+    for token in call:
+        core.decide(rows[1])
+        core.advance(rows[1], (token,))
+        hosted.fill_bitmask(bitmask, 0)
+        planned.clear()
+        assert hosted.accept_tokens("row", [token])
+    assert planned == []  # the closing tag, last, on the path: no plan
+    assert hosted.state.gate.follower.tail == rows[1].gate.follower.tail
+    assert hosted.state.budget is not None and rows[1].budget is not None
+    assert hosted.state.budget.progress == rows[1].budget.progress
+
+
+def test_a_hosted_row_is_read_at_admission(tokenizer: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hosted row reads where it stands (its light path, its engine's native calls) when it is
+    built, on vLLM's compile thread (``RowHost.grammar``): its first fill, on the scheduler's
+    thread, reads nothing more, and fills what the core fills."""
+    core = ConstraintCore(lambda: tokenizer, len(tokenizer), engine="xgrammar")
+    reads: list[int] = []
+    alone_until = core.engine_alone_until
+
+    def counted(state: RowState) -> tuple[int, Any]:
+        reads.append(state.consumed)
+        return alone_until(state)
+
+    monkeypatch.setattr(core, "engine_alone_until", counted)
+    rows = [core.admit(constraint_args([WEATHER], "required"), [], max_tokens=200) for _ in range(2)]
+    assert rows[0] is not None and rows[1] is not None
+    core.start_engine(rows[0])
+    hosted = HostedGrammar(RowHost(core, window=4), rows[0])
+    assert reads == [0]
+    width = (len(tokenizer) + 31) // 32
+    bitmask, row = (torch.zeros((1, width), dtype=torch.int32) for _ in range(2))
+    hosted.fill_bitmask(bitmask, 0)
+    assert reads == [0]
+    core.fill([(0, rows[1])], len(tokenizer), bitmask=row)
+    assert torch.equal(row, bitmask)

@@ -47,7 +47,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import numpy as np
 import torch
@@ -116,8 +116,16 @@ class RowHost:
         self.core.start_engine(state)  # the row is not shared yet: no lock
         return HostedGrammar(self, state)
 
-    def fill_into(self, state: RowState, bitmask: torch.Tensor, row: int) -> None:
+    def fill_into(
+        self,
+        state: RowState,
+        bitmask: torch.Tensor,
+        row: int,
+        native: Callable[[torch.Tensor, int, bool], bool] | None = None,
+    ) -> None:
         """Fill ``bitmask[row]`` (vLLM's) for ``state``, every token allowed where nothing is masked.
+        ``native``: the row's matcher's engine fill (:meth:`EngineMatcher.direct`), where the
+        matcher adds nothing to its engine's (:attr:`ToolCallMatcher.alone`).
 
         The core fills vLLM's bitmask in place: filling a row of its own and copying it cost a
         quarter of a fill. Both are sized from the model's vocabulary; where they are not alike
@@ -134,10 +142,12 @@ class RowHost:
                 )
             self.checked = bitmask
         kind, plan = core.decide(state)
-        if kind is Fill.ENGINE:
+        if kind is Fill.ENGINE:  # the row written whatever the engine answers (EngineMatcher.fill_bitmask)
             assert state.engine.matcher is not None
-            if not state.engine.matcher.fill_bitmask(bitmask, row):
-                bitmask[row].fill_(-1)
+            if native is None:
+                state.engine.matcher.fill_bitmask(bitmask, row)
+            else:
+                native(bitmask, row, False)
         elif kind is Fill.FREE:
             bitmask[row].fill_(-1)
         else:
@@ -191,10 +201,11 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         be read again (:meth:`_refresh`), since the row moved otherwise."""
         self._matcher: ToolCallMatcher | None = None
         self._engine: EngineMatcher | None = None
-        """The row's engine matcher, fed and filled directly on the light path (:attr:`_feed`,
-        :attr:`_fill`: :meth:`EngineMatcher.direct`)."""
-        self._feed: Callable[[int], bool] = _unread
-        self._fill: Callable[[torch.Tensor, int], bool] = _unread
+        """The row's engine matcher, fed, filled and rolled back directly on the light path
+        (:attr:`_feed`, :attr:`_fill`, :attr:`_rollback`: :meth:`EngineMatcher.direct`)."""
+        self._feed: Callable[[int, bool], bool] = _unread
+        self._fill: Callable[[torch.Tensor, int, bool], bool] = _unread
+        self._rollback: Callable[[int], None] = _unread
         self._end = ""
         """The first character of the open call's closing tag: a token holding it is read whole."""
         self._watched: np.ndarray | None = None
@@ -205,8 +216,11 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         self._keep = 2 * host.window
         """The trail is cut back to the host's window once it is this long (the window is what
         vLLM may roll back: ``num_speculative_tokens + 1``)."""
-        self._lag: list[int] = []
-        """Light tokens whose text the row's follower has not been given yet (:meth:`_sync`)."""
+        self._lag: list[str] = []
+        """The text (latin-1) of light tokens the row's follower has not been given yet
+        (:meth:`_sync`), a piece a token."""
+        with host.lock:  # read here, on vLLM's compile thread, not by the first fill
+            self._refresh()
 
     @property
     def state(self) -> RowState:
@@ -224,7 +238,7 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         engine = None if matcher is None else matcher.alone
         until, watched = self._host.core.engine_alone_until(state) if engine is not None else (0, None)
         if engine is not self._engine:
-            self._feed, self._fill = (_unread, _unread) if engine is None else engine.direct()
+            self._feed, self._fill, self._rollback = (_unread,) * 3 if engine is None else engine.direct()
         self._until, self._matcher, self._engine, self._watched = until, matcher, engine, watched
         if until:
             span = state.gate.follower.tail.open
@@ -237,8 +251,7 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         """Give the row's follower the text of the light tokens it has not had yet."""
         lag = self._lag
         if lag:
-            latin1 = self._latin1
-            self._state.gate.follower.text += "".join([latin1[t] for t in lag])
+            self._state.gate.follower.text += "".join(lag)
             lag.clear()
 
     def _go_back(self) -> None:
@@ -279,8 +292,13 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
                 chars = sum(len(self._latin1[t]) for t in synced)
                 follower.text = follower.text[: len(follower.text) - chars]
             state.consumed -= light
-            assert state.engine.matcher is not None
-            state.engine.matcher.rollback(light)
+            matcher = state.engine.matcher
+            assert matcher is not None
+            if self._engine is not None and matcher is self._matcher:  # its engine's alone
+                matcher.accepted -= light
+                self._rollback(light)
+            else:
+                matcher.rollback(light)
             if state.gate.on:
                 del state.gate.pending[len(state.gate.pending) - light :]
             progress = trail[start][3]
@@ -305,13 +323,13 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         watched = self._watched
         if watched is not None and watched[token]:
             return None
-        if not self._feed(token):
+        if not self._feed(token, False):
             return False
         assert self._matcher is not None
         self._matcher.accepted += 1
         self._trail.append((None, token, False, self._progress))
         state.consumed += 1
-        self._lag.append(token)
+        self._lag.append(piece)
         if state.gate.on:
             state.gate.pending.append(token)
         return True
@@ -320,6 +338,41 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         ok = self._host.advance(self._state, token, plan)
         self._terminated = ok and token in self._state.stop_ids
         return ok
+
+    def _take_whole(self, token: int, light: bool) -> bool:
+        """Take ``token`` read whole (a tag, the stop token), the host's lock held: for a row whose
+        engine runs everywhere (not gated), running, not paused, and whose matcher is its engine's
+        alone (:attr:`_engine`), what :meth:`ConstraintCore.advance` does to it, without the
+        general reading's layers: the budget plans the position where it has not (``light``: a
+        position on the light path, whose plan is known to be nothing, is counted as planned),
+        follows the token's text, then the engine takes the token directly. Elsewhere, and for a
+        token the engine refuses (the engine left as it was), the core's own :meth:`_accept`."""
+        state = self._state
+        engine = state.engine
+        gate = state.gate
+        if gate.on or engine.paused is not None or engine.failed is not None or self._engine is None:
+            return self._accept(token)
+        if engine.matcher is not self._matcher or not self._feed(token, False):
+            return self._accept(token)
+        budget = state.budget
+        consumed = state.consumed
+        if budget is not None:
+            if budget.progress.planned != consumed:
+                if light:
+                    budget.skip_plan(consumed)
+                else:
+                    budget.plan(consumed)
+            latin1 = self._latin1
+            budget.feed(latin1[token] if 0 <= token < len(latin1) else "")
+        state.consumed = consumed + 1
+        matcher = self._matcher
+        assert matcher is not None
+        matcher.accepted += 1
+        stops = token in state.stop_ids
+        engine.ended = stops and self._engine.is_terminated()
+        gate.quiet = False  # the engine runs: what settling after a step gives
+        self._terminated = stops
+        return True
 
     def accept_tokens(self, request_id: str, tokens: list[int]) -> bool:
         """Accept ``tokens``; False, with the row as it was before the call, where one is refused.
@@ -334,11 +387,13 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         ``tokens``: the row the path left after the last one has had the next position's fill,
         which accepting it alone has not). On the light path a token costs its engine's accept
         and a few counts; elsewhere the row is marked, settled and advanced under the lock."""
+        whole = -1  # the position of a token found to be read whole already (not asked again)
         if len(tokens) == 1 and not self._back and self._state.consumed < self._until:
             took = self._take_lightly(tokens[0])  # a draft on the draft path, mostly
             if took is not None:
                 self._trim()
                 return took
+            whole = 0
         host = self._host
         trail, back = self._trail, self._back
         taken = 0
@@ -356,9 +411,10 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
             if self._until < 0:
                 with host.lock:
                     self._refresh()
-            if state.consumed < self._until:
+            light = state.consumed < self._until
+            if light:
                 # This position's fill is the engine's alone: it changes nothing in the row.
-                took = self._take_lightly(token)
+                took = None if i == whole else self._take_lightly(token)
                 if took is not None:
                     if not took:
                         with host.lock:
@@ -374,7 +430,7 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
                     host.settle(state)  # what the fill this position gets without drafts does
                 self._sync()
                 trail.append((state.mark(), token, self._terminated, None))
-                if self._terminated or not self._accept(token):
+                if self._terminated or not self._take_whole(token, light):
                     self._undo(start)
                     return False
         self._trim()
@@ -402,9 +458,12 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         if matcher is not None and not state.gate.on and engine.paused is None and engine.failed is None:
             alone = matcher.alone
             if alone is None:
-                return tokens[: self._valid_on_matcher(matcher.accept_token, matcher.rollback, tokens)]
-            feed = self._feed if alone is self._engine else alone.direct()[0]
-            return tokens[: self._valid_on_matcher(feed, alone.rollback, tokens)]
+                accept = matcher.accept_token
+                return tokens[: self._valid_on_matcher(lambda t, _: accept(t), matcher.rollback, tokens)]
+            if alone is self._engine:
+                return tokens[: self._valid_on_matcher(self._feed, self._rollback, tokens)]
+            feed, _, rollback = alone.direct()
+            return tokens[: self._valid_on_matcher(feed, rollback, tokens)]
         with host.lock:
             self._sync()
             start, terminated = state.mark(), self._terminated
@@ -418,10 +477,10 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         return tokens[:valid]
 
     def _valid_on_matcher(
-        self, accept: Callable[[int], bool], rollback: Callable[[int], None], tokens: list[int]
+        self, accept: Callable[[int, bool], bool], rollback: Callable[[int], None], tokens: list[int]
     ) -> int:
-        """How many of ``tokens`` the matcher takes, asked of the matcher alone (its ``accept``),
-        then rolled back.
+        """How many of ``tokens`` the matcher takes, asked of the matcher alone (its ``accept``,
+        called as :meth:`EngineMatcher.direct`'s), then rolled back.
 
         For a row whose engine runs everywhere (not gated), running and not paused, this is what
         feeding the whole row answers: the core feeds such a row's matcher every token and nothing
@@ -431,7 +490,7 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         terminated = self._terminated
         valid = 0
         for token in tokens:
-            if terminated or not accept(token):
+            if terminated or not accept(token, False):
                 break
             valid += 1
             terminated = token in stops
@@ -456,15 +515,16 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
                 self._refresh()
         state = self._state
         alone = state.consumed < self._until and bitmask is host.checked
-        if alone:  # the light path: the engine's mask alone (the module docstring)
-            host.filled.add(id(state))
-            if not self._fill(bitmask, batch_index):
-                bitmask[batch_index].fill_(-1)
+        if alone:  # the light path: the engine's mask alone (the module docstring), the row
+            host.filled.add(id(state))  # written whatever the engine answers (EngineMatcher.fill_bitmask)
+            self._fill(bitmask, batch_index, False)
             return
         with host.lock:
-            self._until = -1
+            if self._until:  # 0 (read at this position: off the path) stays for the token's accept
+                self._until = -1
             self._sync()
-            host.fill_into(state, bitmask, batch_index)
+            native = self._engine is not None and state.engine.matcher is self._matcher
+            host.fill_into(state, bitmask, batch_index, self._fill if native else None)
 
     def is_terminated(self) -> bool:
         back = self._back
@@ -497,7 +557,7 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
             self._terminated = False
 
 
-def _unread(*_: object) -> bool:
+def _unread(*_: object) -> NoReturn:
     """A row's direct engine calls before its light path was read (:meth:`HostedGrammar._refresh`:
     only then are they taken)."""
     raise AssertionError("hermes-vllm: a hosted row's light path was taken before it was read")

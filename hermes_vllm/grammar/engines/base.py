@@ -12,6 +12,9 @@ import torch
 from hermes_vllm.turn import TurnSpec
 from hermes_vllm.vocabulary import Vocabulary
 
+Direct = tuple[Callable[[int, bool], bool], Callable[[torch.Tensor, int, bool], bool], Callable[[int], None]]
+"""An engine matcher's own accept, fill and rollback (:meth:`EngineMatcher.direct`)."""
+
 
 class EngineMatcher(ABC):
     """Per-request matcher state for one compiled grammar."""
@@ -22,7 +25,8 @@ class EngineMatcher(ABC):
 
     @abstractmethod
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> bool:
-        """Write the allowed next tokens into ``bitmask[row]``; False when every token is allowed."""
+        """Write the allowed next tokens into ``bitmask[row]``; False when every token is allowed
+        (the row is written either way: vLLM's own xgrammar backend reads it without the result)."""
 
     @abstractmethod
     def rollback(self, num_tokens: int) -> None:
@@ -36,10 +40,14 @@ class EngineMatcher(ABC):
     def can_end(self) -> bool:
         """True when the output accepted so far is a complete output of the grammar."""
 
-    def direct(self) -> tuple[Callable[[int], bool], Callable[[torch.Tensor, int], bool]]:
-        """:meth:`accept_token` and :meth:`fill_bitmask` as the engine's own callables where
-        their results mean the same (one call less a token, for a caller on a hot path)."""
-        return self.accept_token, self.fill_bitmask
+    def direct(self) -> Direct:
+        """:meth:`accept_token`, :meth:`fill_bitmask` and :meth:`rollback` as the engine's own
+        callables where their results mean the same, for a caller on a hot path: the first two
+        are called with one more argument, ``False`` (where xgrammar's native methods take their
+        debug flag: returned bare, they skip its Python wrappers, a call less on every token,
+        every fill and every rollback)."""
+        accept, fill = self.accept_token, self.fill_bitmask
+        return (lambda token, _: accept(token)), (lambda bitmask, row, _: fill(bitmask, row)), self.rollback
 
     @property
     def batchable(self) -> Any:

@@ -30,7 +30,7 @@ import xgrammar as xgr
 from xgrammar.base import _core
 
 from hermes_vllm.grammar.cache import GrammarCache
-from hermes_vllm.grammar.engines.base import EngineGrammar, EngineMatcher, GrammarEngine
+from hermes_vllm.grammar.engines.base import Direct, EngineGrammar, EngineMatcher, GrammarEngine
 from hermes_vllm.grammar.engines.composed import (
     PLACEHOLDER,
     ComposedGrammar,
@@ -322,8 +322,9 @@ class XGrammarMatcher(EngineMatcher):
     def can_end(self) -> bool:
         return bool(self.inner.is_completed())
 
-    def direct(self) -> tuple[Callable[[int], bool], Callable[[torch.Tensor, int], bool]]:
-        return self.inner.accept_token, self.inner.fill_next_token_bitmask
+    def direct(self) -> Direct:
+        handle = self.inner._handle  # the native matcher behind xgrammar's Python class
+        return handle.accept_token, handle.fill_next_token_bitmask, handle.rollback
 
     @property
     def batchable(self) -> Any:
