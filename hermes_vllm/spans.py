@@ -375,7 +375,9 @@ class TextFollower:
         self.recent = ""
         """The last ``reach`` characters written, clean points or not: where a stop string may
         have begun."""
-        self._marks = "".join({p.begin[0] for p in (dialect.tool_call, *dialect.free_spans)})
+        self._marks = frozenset(p.begin[0] for p in (dialect.tool_call, *dialect.free_spans))
+        """The tags' first characters: at a clean point only a piece holding one is read (a set's
+        ``isdisjoint`` reads a piece at C speed: the follower asks it of every free-text token)."""
         begin = dialect.tool_call.begin
         self._call_first = not any(
             len(b) > len(begin) and b.startswith(begin) for b, _, _ in _openers(dialect)
@@ -398,7 +400,7 @@ class TextFollower:
             if span.tags.end[0] not in piece:  # only the closing tag changes where a span stands
                 self.text += piece
                 return False
-        elif tail.clean and not any(c in piece for c in self._marks):
+        elif tail.clean and self._marks.isdisjoint(piece):
             return False
         self.text += piece
         if span is not None and span.start == 0 and span.kind == "call" and self._call_first:

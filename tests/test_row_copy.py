@@ -417,10 +417,9 @@ def test_a_fill_off_the_light_path_asks_xgrammars_native_matcher_too(
     assert filled and torch.equal(row, bitmask)
 
 
-def test_a_position_off_the_light_path_is_read_once(tokenizer: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Outside a call, where a hosted row is off the light path, its fill reads so once and its
-    token's accept does not read it again (the fill moves no row onto the path, and staying off
-    it is the full reading): one read a position."""
+def _reading_core(tokenizer: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[ConstraintCore, list[int]]:
+    """A core, and the positions at which it is asked whether a row is on the light path
+    (:meth:`ConstraintCore.engine_alone_until`), in order."""
     core = ConstraintCore(lambda: tokenizer, len(tokenizer), engine="xgrammar")
     reads: list[int] = []
     alone_until = core.engine_alone_until
@@ -430,6 +429,14 @@ def test_a_position_off_the_light_path_is_read_once(tokenizer: Any, monkeypatch:
         return alone_until(state)
 
     monkeypatch.setattr(core, "engine_alone_until", counted)
+    return core, reads
+
+
+def test_a_position_off_the_light_path_is_read_once(tokenizer: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside a call, where a hosted row is off the light path, its fill reads so once and its
+    token's accept does not read it again (the fill moves no row onto the path, and staying off
+    it is the full reading): one read a position."""
+    core, reads = _reading_core(tokenizer, monkeypatch)
     state = core.admit(constraint_args([WEATHER], "required"), [], max_tokens=200)
     assert state is not None
     core.start_engine(state)  # as vLLM's compile thread does (RowHost.grammar)
@@ -483,15 +490,7 @@ def test_a_hosted_row_is_read_at_admission(tokenizer: Any, monkeypatch: pytest.M
     """A hosted row reads where it stands (its light path, its engine's native calls) when it is
     built, on vLLM's compile thread (``RowHost.grammar``): its first fill, on the scheduler's
     thread, reads nothing more, and fills what the core fills."""
-    core = ConstraintCore(lambda: tokenizer, len(tokenizer), engine="xgrammar")
-    reads: list[int] = []
-    alone_until = core.engine_alone_until
-
-    def counted(state: RowState) -> tuple[int, Any]:
-        reads.append(state.consumed)
-        return alone_until(state)
-
-    monkeypatch.setattr(core, "engine_alone_until", counted)
+    core, reads = _reading_core(tokenizer, monkeypatch)
     rows = [core.admit(constraint_args([WEATHER], "required"), [], max_tokens=200) for _ in range(2)]
     assert rows[0] is not None and rows[1] is not None
     core.start_engine(rows[0])
