@@ -37,7 +37,7 @@ were computed on the draft path, each after its position's fill; past them, :met
 settles the row before each token after the first as that position's fill would (the first
 token's fill is the state the path left): a row goes through exactly what it goes through without
 drafts, hence the same masks and, under greedy sampling, the same text. Settling plans the budget
-and computes the mask only where the mask can change the row (:meth:`RowHost.settle`).
+and computes the mask only where the mask can change the row (:meth:`RowHost.apply_fill`).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ class RowHost:
     """The engine process's core, shared by every hosted row.
 
     vLLM admits rows on its compile threads while the scheduler thread fills masks, so one lock
-    guards the core (its bitmask row 0 is the scratch row of every settle).
+    guards the core (its bitmask row 0 is the scratch row of every such fill).
     """
 
     def __init__(self, core: ConstraintCore, window: int) -> None:
@@ -161,7 +161,7 @@ class RowHost:
         vocab = self.core.compiler.vocab
         return ForcedDrafts(vocab.tokenizer, vocab.decoded, vocab.stop_token_ids, sorted_vocabulary(vocab))
 
-    def settle(self, state: RowState) -> None:
+    def apply_fill(self, state: RowState) -> None:
         """What the fill at this position does to the row (:meth:`ConstraintCore.decide`), its mask
         computed only where the row depends on it: where a forced text may be refused by the
         grammar (the forcing is dropped) and where the row enters a quiet span (it is paused
@@ -427,7 +427,7 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
             with host.lock:
                 self._until = -1
                 if not settled:
-                    host.settle(state)  # what the fill this position gets without drafts does
+                    host.apply_fill(state)  # what the fill this position gets without drafts does
                 self._sync()
                 trail.append((state.mark(), token, self._terminated, None))
                 if self._terminated or not self._take_whole(token, light):
