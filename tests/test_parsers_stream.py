@@ -358,8 +358,12 @@ def outputs(draw: st.DrawFn, d: Dialect) -> tuple[str, list[str], list[str], lis
             text += f'{d.tool_call.begin}{{"name": "add", "arguments": [1]}}{d.tool_call.end}'
     tail = draw(st.sampled_from(["none", "call", "tag", "free"]))
     if tail == "call":
+        # Cut before the first closing tag is whole (a string argument may hold one): a call cut
+        # after it is a broken call followed by more text, read at that tag once the output ends
+        # (SpanStream.finish), not a cut call.
         call_text, _ = draw(_call(d))
-        text += call_text[: draw(st.integers(1, len(call_text) - 1))]
+        end = d.tool_call.end
+        text += call_text[: draw(st.integers(1, call_text.index(end) + len(end) - 1))]
     elif tail == "tag":
         opener = draw(st.sampled_from([p.begin for p in (d.tool_call, *d.free_spans)]))
         text += opener[: draw(st.integers(1, len(opener) - 1))]
