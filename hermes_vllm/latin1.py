@@ -47,7 +47,14 @@ def finish_character(text: str) -> str:
 
 
 def utf8_need(need: int, data: str) -> int:
-    """Continuation bytes still missing after ``data`` (bytes as latin-1 chars), given ``need`` before."""
+    """Continuation bytes still missing after ``data`` (bytes as latin-1 chars), given ``need`` before.
+
+    Every byte but a continuation byte sets the need afresh: of a long text only the part from its
+    last such byte is read (a character spans at most four bytes)."""
+    if len(data) > 4:
+        tail = data[-4:]
+        if not all(0x80 <= ord(ch) < 0xC0 for ch in tail):
+            data = tail
     for ch in data:
         byte = ord(ch)
         if 0x80 <= byte < 0xC0:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
@@ -413,6 +413,33 @@ class TextFollower:
             self.text = ""
         self.tail = new
         return True
+
+    def steady(self, pieces: Sequence[str], start: int) -> int:
+        """The end of the run of ``pieces`` from ``start`` that :meth:`feed` would each follow
+        without reading the tail again (inside a span, none holds its closing tag's first
+        character; at a clean point, none a tag's): such a run is followed at once (:meth:`take`)."""
+        tail = self.tail
+        span = tail.open
+        end = len(pieces)
+        j = start
+        if span is not None and not tail.end_begun:
+            assert span.tags is not None
+            first = span.tags.end[0]
+            while j < end and first not in pieces[j]:
+                j += 1
+        elif tail.clean:
+            marks = self._marks
+            while j < end and marks.isdisjoint(pieces[j]):
+                j += 1
+        return j
+
+    def take(self, run: str) -> None:
+        """Follow a steady run's text (:meth:`steady`): what :meth:`feed` does with each of its
+        pieces, at once."""
+        if self.reach:
+            self.recent = (self.recent + run)[-self.reach :]
+        if self.tail.open is not None:
+            self.text += run
 
 
 class CallTagScanner:

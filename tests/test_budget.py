@@ -23,6 +23,7 @@ from support.corpus import sample_tool_sets
 
 from hermes_vllm import constraint_args
 from hermes_vllm.budget import MARK, CallCompleter, Speller
+from hermes_vllm.budget.turn_budget import NOTHING
 from hermes_vllm.grammar import ToolGrammarCompiler
 from hermes_vllm.grammar.cache import GrammarCache
 from hermes_vllm.grammar.engines.base import allocate_bitmask
@@ -599,3 +600,69 @@ def test_the_offline_llm_reports_a_call_the_budget_closed_as_length(tiny_model: 
             assert out.finish_reason == "length", (out.finish_reason, out.text)
             ended += len(out.token_ids) < max_tokens  # the model ended its turn: the engine said "stop"
     assert ended, "no reply ended its turn after a call the budget closed: the test proves nothing"
+
+
+@pytest.mark.parametrize("choice", ["required", "auto"])
+@pytest.mark.parametrize("max_tokens", [48, 120, 300])
+def test_below_the_calm_bound_the_budget_demands_nothing_whatever_the_text(
+    tokenizer: Any, choice: str, max_tokens: int
+) -> None:
+    """:meth:`TurnBudget.calm_until`: below it, whatever the row writes (a random walk over
+    what its masks allow, tags weighed up: spans, calls, free text, split characters), every
+    position's plan is nothing, so a hosted row's engine alone reads its tokens there."""
+    core = core_for(tokenizer)
+    latin1 = core.compiler.vocab.latin1
+    tags = [t for t, piece in enumerate(latin1) if "<" in piece or "}" in piece or not piece.isascii()]
+    rng = random.Random(max_tokens)
+    for _ in range(4):
+        state = core.admit(constraint_args([TOOL], choice), [], max_tokens=max_tokens)
+        assert state is not None and state.budget is not None
+        budget = state.budget
+        bound = budget.calm_until()
+        assert bound < max_tokens and (bound > 0 or max_tokens < 120)
+        plans: list[tuple[int, Any]] = []
+        plan = budget.plan
+
+        def planned(consumed: int, plan: Any = plan, plans: list[tuple[int, Any]] = plans) -> Any:
+            plans.append((consumed, plan(consumed)))
+            return plans[-1][1]
+
+        budget.plan = planned  # type: ignore[method-assign]
+        bitmask = torch.zeros((1, (len(tokenizer) + 31) // 32), dtype=torch.int32)
+        for _ in range(max_tokens):
+            masked, _ = core.fill([(0, state)], len(tokenizer), bitmask=bitmask)
+            words = bitmask[0].numpy() if masked else np.full(bitmask.shape[1], -1, np.int32)
+            bits = np.unpackbits(words.view(np.uint8), bitorder="little")[: len(tokenizer)]
+            allowed = np.flatnonzero(bits)
+            favoured = np.intersect1d(allowed, tags)
+            pool = favoured if favoured.size and rng.random() < 0.5 else allowed
+            token = int(rng.choice(pool))
+            core.advance(state, (token,))
+            if state.engine.ended or state.failed is not None:
+                break
+        assert state.failed is None
+        below = [(at, made) for at, made in plans if at < bound]
+        assert all(made is NOTHING for _, made in below), (below, state.gate.follower.text)
+        assert any(made is not NOTHING for _, made in plans) or state.engine.ended
+
+
+def test_pieces_followed_at_once_are_followed_as_one_by_one(tokenizer: Any) -> None:
+    """:meth:`TurnBudget.follow` (a run of pieces that change no tail, taken at once) against
+    :meth:`TurnBudget.feed` of each piece: the same text, tail, calls, span counts and split
+    character after every random sequence of tags, their parts, JSON and split characters."""
+    core = core_for(tokenizer)
+    pieces = ["<tool_call>", "</tool_call>", "<think>", "</think>", "<", "tool", "_call>", "</", "think>"]
+    pieces += ['{"', "a", " b", "\n", '"}', "}", "\xc3", "\xa9", "\xe2\x82", "\xac", "x\xc3"]
+    rng = random.Random(5)
+    for _ in range(300):
+        text = [rng.choice(pieces) for _ in range(rng.randint(1, 30))]
+        one, many = (
+            core.admit(constraint_args([TOOL], reasoning_budget=400), [], max_tokens=500) for _ in range(2)
+        )
+        assert one is not None and many is not None and one.budget is not None and many.budget is not None
+        for piece in text:
+            one.budget.feed(piece)
+        many.budget.follow(text)
+        a, b = one.gate.follower, many.gate.follower
+        assert (a.text, a.tail, a.calls, a.recent) == (b.text, b.tail, b.calls, b.recent), text
+        assert one.budget.progress == many.budget.progress, text

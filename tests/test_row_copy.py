@@ -424,20 +424,20 @@ def _reading_core(tokenizer: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[Cons
     reads: list[int] = []
     alone_until = core.engine_alone_until
 
-    def counted(state: RowState) -> tuple[int, Any]:
+    def counted(state: RowState, followed: bool = True) -> tuple[int, Any, bool]:
         reads.append(state.consumed)
-        return alone_until(state)
+        return alone_until(state, followed)
 
     monkeypatch.setattr(core, "engine_alone_until", counted)
     return core, reads
 
 
 def test_a_position_off_the_light_path_is_read_once(tokenizer: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Outside a call, where a hosted row is off the light path, its fill reads so once and its
-    token's accept does not read it again (the fill moves no row onto the path, and staying off
-    it is the full reading): one read a position."""
+    """Outside a call, where a hosted row is off the light path (a stop string is refused there),
+    its fill reads so once and its token's accept does not read it again (the fill moves no row
+    onto the path, and staying off it is the full reading): one read a position."""
     core, reads = _reading_core(tokenizer, monkeypatch)
-    state = core.admit(constraint_args([WEATHER], "required"), [], max_tokens=200)
+    state = core.admit(constraint_args([WEATHER], "required"), [], max_tokens=200, stop=["Paris"])
     assert state is not None
     core.start_engine(state)  # as vLLM's compile thread does (RowHost.grammar)
     hosted = HostedGrammar(RowHost(core, window=4), state)
@@ -502,3 +502,97 @@ def test_a_hosted_row_is_read_at_admission(tokenizer: Any, monkeypatch: pytest.M
     assert reads == [0]
     core.fill([(0, rows[1])], len(tokenizer), bitmask=row)
     assert torch.equal(row, bitmask)
+
+
+TURN_WITH_CALL = (
+    '<think>let me see</think>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}'
+    "\n</tool_call>"
+)
+
+
+def test_a_required_row_takes_its_whole_turn_on_the_path_tags_and_stop_included(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row whose engine runs everywhere, no stop string refused, below its budget's calm bound
+    (:meth:`TurnBudget.calm_until`): every position of its turn (a reasoning span, the call's
+    tags, the stop token) is its engine's alone, so the hosted row decides nothing and marks
+    nothing there; each mask is the core's own, and once read the row's text, tail, budget and
+    every other field are those of a row the core followed token by token."""
+    core = ConstraintCore(lambda: tokenizer, len(tokenizer), engine="xgrammar")
+    rows = [core.admit(constraint_args([WEATHER], "required"), [], max_tokens=300) for _ in range(2)]
+    assert rows[0] is not None and rows[1] is not None
+    core.start_engine(rows[0])
+    hosted = HostedGrammar(RowHost(core, window=4), rows[0])
+    width = (len(tokenizer) + 31) // 32
+    bitmask, row = (torch.zeros((1, width), dtype=torch.int32) for _ in range(2))
+    hosted.fill_bitmask(bitmask, 0)  # the host checks vLLM's bitmask once, at a first fill
+    counts = {"decide": 0, "mark": 0}
+    decide, mark = core.decide, RowState.mark
+
+    def deciding(state: RowState) -> Any:
+        counts["decide"] += 1
+        return decide(state)
+
+    def marking(state: RowState, behind: int = 0) -> Any:
+        counts["mark"] += 1
+        return mark(state, behind)
+
+    monkeypatch.setattr(core, "decide", deciding)
+    monkeypatch.setattr(RowState, "mark", marking)
+    tokens = [*tokenizer.encode(TURN_WITH_CALL, add_special_tokens=False), tokenizer.eos_token_id]
+    masks = []
+    for token in tokens:
+        hosted.fill_bitmask(bitmask, 0)
+        masks.append(bitmask[0].clone())
+        assert hosted.accept_tokens("row", [token])
+    assert hosted.is_terminated() and counts == {"decide": 0, "mark": 0}
+    monkeypatch.undo()
+    plain = rows[1]
+    for i, token in enumerate(tokens):
+        row.zero_()
+        masked, _ = core.fill([(0, plain)], len(tokenizer), bitmask=row)
+        if not masked:
+            row[0].fill_(-1)
+        assert torch.equal(row[0], masks[i]), i
+        core.advance(plain, (token,))
+    assert plain.engine.ended and rows[0].engine.ended
+    # The core leaves a required row's engine waiting inside the reasoning span (it is paused
+    # there, its mask kept); the hosted row's engine took the span's tokens: only that differs.
+    fields, expected = describe(hosted.state), describe(plain)
+    assert fields.pop("row.engine.matcher")[1] > expected.pop("row.engine.matcher")[1]
+    assert fields == expected
+
+
+def test_going_back_over_tokens_followed_where_the_path_ended(tokenizer: Any) -> None:
+    """Tokens taken anywhere (their text not followed) are followed where the row leaves the path,
+    and the ones vLLM may still roll back get their marks then: rolled back over a closing tag
+    and the stop token after the text was read, the row is the one fed only the kept tokens."""
+    core = ConstraintCore(lambda: tokenizer, len(tokenizer), engine="xgrammar")
+    tokens = [*tokenizer.encode(TURN_WITH_CALL, add_special_tokens=False), tokenizer.eos_token_id]
+    width = (len(tokenizer) + 31) // 32
+    bitmask = torch.zeros((1, width), dtype=torch.int32)
+    for back in (1, 2, 3):
+        state = core.admit(constraint_args([WEATHER], "required"), [], max_tokens=300)
+        assert state is not None
+        core.start_engine(state)
+        hosted = HostedGrammar(RowHost(core, window=4), state)
+        for token in tokens:
+            hosted.fill_bitmask(bitmask, 0)
+            assert hosted.accept_tokens("row", [token])
+        before = describe(hosted.state)  # read: the text is followed, the last tokens marked
+        assert before["row.gate.follower.calls"] + before["row.gate.follower.tail"].calls == 1
+        hosted.rollback(back)
+        plain = core.admit(constraint_args([WEATHER], "required"), [], max_tokens=300)
+        assert plain is not None
+        core.start_engine(plain)
+        kept = HostedGrammar(RowHost(core, window=4), plain)
+        for token in tokens[:-back]:
+            kept.fill_bitmask(bitmask, 0)
+            assert kept.accept_tokens("row", [token])
+        fields, expected = describe(hosted.state), describe(kept.state)
+        assert fields.pop("row.engine.matcher")[1] == expected.pop("row.engine.matcher")[1]
+        # The rolled-back row had its next position's fill (vLLM fills before it drafts): it
+        # counts that position as planned, which only spares planning it again.
+        assert fields.pop("row.budget.progress.planned") == expected.pop("row.budget.progress.planned") + 1
+        assert fields == expected, back
+        assert hosted.accept_tokens("row", tokens[-back:]) and hosted.is_terminated()

@@ -176,7 +176,7 @@ def plain_run(
     return grammar, width, steps, tokens, masks
 
 
-@pytest.mark.parametrize(("choice", "max_tokens"), [("auto", 60), ("required", 24)])
+@pytest.mark.parametrize(("choice", "max_tokens"), [("auto", 60), ("required", 24), ("required", 120)])
 def test_drafts_rolled_back_leave_the_row_as_if_only_the_kept_tokens_came(
     tokenizer: Any, choice: str, max_tokens: int
 ) -> None:

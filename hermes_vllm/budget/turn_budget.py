@@ -27,6 +27,7 @@ that the engine's mask allows (:class:`Speller`), so the grammar decides every t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hermes_vllm.budget.completer import AnswerCompleter, CallCompleter
@@ -153,6 +154,9 @@ class TurnBudget:
         self._alert_floor = max(reserve, answer_reserve + answer_lookahead)
         self._alert_extra = margin + max(lookahead, answer_lookahead) + 1
         """The terms of :attr:`alert` fixed at admission: read on every token, computed once."""
+        self._calm_floor = reserve + max(margin, *(len(p.end) for p in dialect.free_spans))
+        """Tokens from the end within which :meth:`plan` may speak outside a call's alert window
+        (:meth:`calm_until`): the owed call opened, an owed call's span closed, a call refused."""
         self.progress = Progress(need=reserve)
         self._acted = [-1]
         """The position of the latest budget action counted; one list shared by every copy."""
@@ -258,6 +262,28 @@ class TurnBudget:
         if now is not None:
             self.progress.span_tokens = self.progress.span_tokens + 1 if same else 0
 
+    def follow(self, pieces: Sequence[str]) -> None:
+        """:meth:`feed` each of ``pieces`` in turn, written where the budget demanded nothing (a
+        hosted row's light path follows its text only where it leaves the path): a run of pieces
+        the follower reads without a new reading (:meth:`TextFollower.steady`) is taken at once,
+        its span tokens counted and its characters' bytes read in one go."""
+        follower, progress = self.follower, self.progress
+        i, n = 0, len(pieces)
+        while i < n:
+            j = i if progress.forcing or self.answer is not None else follower.steady(pieces, i)
+            if j == i:
+                self.feed(pieces[i])
+                i += 1
+                continue
+            run = "".join(pieces[i:j])
+            if progress.utf8 or not run.isascii():
+                progress.utf8 = utf8_need(progress.utf8, run)
+            span = follower.tail.open
+            if span is not None and span.kind != "call":
+                progress.span_tokens += j - i
+            follower.take(run)
+            i = j
+
     def _follow_answer(self, piece: str) -> None:
         """Add free text after the lead (spans and whitespace) to the answer, before any call."""
         tail = self.tail
@@ -305,6 +331,24 @@ class TurnBudget:
         tokens only lengthen its call."""
         left = self.max_tokens - consumed
         return not self.close or (left > self.reserve and left > self.alert)
+
+    def calm_until(self) -> int:
+        """The count of consumed tokens below which :meth:`plan` demands nothing, whatever the
+        row writes there (free text, a span, a call, their tags), 0 where that cannot be said.
+
+        Each case of :meth:`plan` speaks only within a bound of the end: the owed call is opened
+        at the reserve plus the margin, an owed call's span is closed at the reserve plus its
+        closing tag (a tag is spelled in at most one token a byte), a call is refused at the
+        reserve, a begun call is steered in its alert window. The alert window's width moves
+        only where the budget steers (beyond the bound), so it is read as it stands. Nothing
+        bounds what a reasoning budget counts (span tokens) or what an answer's reading demands,
+        nor a text being forced: such a budget has no calm bound (0). A row whose engine runs
+        everywhere needs no reading of its text below the bound (a hosted row, under drafts:
+        :meth:`ConstraintCore.engine_alone_until`)."""
+        if self.reasoning_budget is not None or self.answer is not None or self.progress.forcing:
+            return 0
+        need = max(self._calm_floor, self.alert) if self.close else self._calm_floor
+        return max(0, self.max_tokens - need)
 
     def skip_plan(self, consumed: int) -> None:
         """Count position ``consumed`` as planned without planning it: where the plan is known to

@@ -444,23 +444,53 @@ class ConstraintCore:
         if not state.gate.on and state.engine.matcher is None and state.engine.failed is None:
             self._feed_engine(state, ())
 
-    def engine_alone_until(self, state: RowState) -> tuple[int, np.ndarray | None]:
-        """The count of consumed tokens before which, as long as the row only lengthens its call
-        (:meth:`_lengthen_call`'s tokens), each position's fill is the engine's mask alone and moves
-        nothing but the budget's count of planned positions (:meth:`decide`: ``Fill.ENGINE``, the
-        budget's plan ``NOTHING``), 0 where that does not hold now; and, for a gated row, which
-        tokens its gate watches (those take the full reading).
+    def engine_alone_until(
+        self, state: RowState, followed: bool = True
+    ) -> tuple[int, np.ndarray | None, bool]:
+        """The count of consumed tokens before which each position's fill is the engine's mask
+        alone and moves nothing but the budget's count of planned positions (:meth:`decide`:
+        ``Fill.ENGINE``, the budget's plan ``NOTHING``), 0 where that does not hold now; for a
+        gated row, which tokens its gate watches (those take the full reading); and whether that
+        holds *anywhere*, whatever the row writes, or only while it lengthens its call
+        (:meth:`_lengthen_call`'s tokens). A hosted row (speculative decoding) skips
+        :meth:`decide` and the row's marks up to there.
 
         Inside a call, nothing forced, at a character boundary, no stop string or tag watched in
         the recent text: the budget plans nothing until the call nears its alert window
-        (:meth:`TurnBudget.plan`), and a lengthening token changes none of these conditions. A
-        hosted row (speculative decoding) skips :meth:`decide` and the row's marks up to there."""
+        (:meth:`TurnBudget.plan`), and a lengthening token changes none of these conditions. That
+        is read first where the row's text is ``followed`` to its last token (going back to the
+        text where the path ends is then appending it).
+
+        Anywhere: a row whose engine runs everywhere (not gated, not paused in a span), no stop
+        string refused, below the budget's calm bound (:meth:`TurnBudget.calm_until`; a row
+        without a budget has none): nothing but its engine reads its tokens there, and its
+        engine's mask is its mask (a reasoning span's too: the mask a row paused there keeps is
+        the engine's at the span's start, and the engine's stays so, :meth:`TurnBudget.in_quiet_span`).
+        Its text is followed where it leaves the path, token by token as without drafts."""
         engine, gate, budget = state.engine, state.gate, state.budget
-        none = 0, None
+        none = 0, None, False
         if engine.matcher is None or engine.paused is not None or engine.failed is not None:
             return none
-        if engine.ended or gate.quiet or (budget is None and not gate.on):
+        if engine.ended or gate.quiet:
             return none
+        if followed and (budget is not None or gate.on):
+            call = self._in_call_until(state)
+            if call[0]:
+                return call
+        if gate.on:
+            return none
+        if budget is None:
+            return UNWATCHED, None, True
+        if state.refused_stops or state.refused_in_calls:
+            return none
+        calm = budget.calm_until()
+        return (calm, None, True) if calm > state.consumed else none
+
+    def _in_call_until(self, state: RowState) -> tuple[int, np.ndarray | None, bool]:
+        """:meth:`engine_alone_until` inside a call (its first reading), for a row that runs its
+        engine and that its budget or its gate follows."""
+        gate, budget = state.gate, state.budget
+        none = 0, None, False
         follower = gate.follower
         tail = follower.tail
         if tail.open is None or tail.open.kind != "call" or tail.end_begun or follower.reach:
@@ -469,11 +499,11 @@ class ConstraintCore:
             return none
         watched = self.index.holding_any(gate.watch) if gate.on else None
         if budget is None:
-            return UNWATCHED, watched
+            return UNWATCHED, watched, False
         progress = budget.progress
         if progress.forcing or progress.utf8:
             return none
-        return self._calm_until(budget), watched
+        return self._calm_until(budget), watched, False
 
     @staticmethod
     def _follow(state: RowState, piece: str) -> None:

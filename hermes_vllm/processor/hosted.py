@@ -31,6 +31,14 @@ taken where the path was entered), no settling, no lock (the row is touched from
 thread only, and the path reads nothing of the core but its fixed tables), its text handed to the
 follower when the row next leaves the path.
 
+*Anywhere.* A row whose engine runs everywhere (``required``, named, or a turn's one call made),
+with no stop string refused, is on the light path wherever it stands, tags and stop token
+included, up to the budget's calm bound (:meth:`TurnBudget.calm_until`, the reserve and the alert
+window from the end): there no plan demands anything whatever the text, so nothing but the engine
+reads a token, and a call costs what its tokens cost the engine. Its text is followed where the
+row leaves the path (the bound, a draft walk), token by token through the budget as without
+drafts, and the trail's tokens then get their marks.
+
 *Exactness.* Without drafts every token is preceded by a mask fill at its position, and a fill
 moves the budget (it may begin forcing a text, or count a closed call). The kept drafts' rows
 were computed on the draft path, each after its position's fill; past them, :meth:`accept_tokens`
@@ -206,8 +214,12 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         self._feed: Callable[[int, bool], bool] = _unread
         self._fill: Callable[[torch.Tensor, int, bool], bool] = _unread
         self._rollback: Callable[[int], None] = _unread
+        self._anywhere = False
+        """Whether the light path holds whatever the row writes (tags included), not only while it
+        lengthens its call (:meth:`ConstraintCore.engine_alone_until`): its text is then followed
+        where the row leaves the path (:meth:`_sync`)."""
         self._end = ""
-        """The first character of the open call's closing tag: a token holding it is read whole."""
+        """Inside a call: the first character of its closing tag (a token holding it is read whole)."""
         self._watched: np.ndarray | None = None
         """A gated row's: the tokens its gate watches (read whole)."""
         self._progress: Progress | None = None
@@ -236,23 +248,64 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         state = self._state
         matcher = state.engine.matcher
         engine = None if matcher is None else matcher.alone
-        until, watched = self._host.core.engine_alone_until(state) if engine is not None else (0, None)
+        core = self._host.core
+        followed = not (self._lag and self._anywhere)  # tokens taken anywhere: the text is behind
+        until, watched, anywhere = (
+            core.engine_alone_until(state, followed) if engine is not None else (0, None, False)
+        )
+        if not followed and not anywhere:
+            self._sync()  # the text taken anywhere is followed before the row is read otherwise
+            until, watched, anywhere = core.engine_alone_until(state)
         if engine is not self._engine:
             self._feed, self._fill, self._rollback = (_unread,) * 3 if engine is None else engine.direct()
         self._until, self._matcher, self._engine, self._watched = until, matcher, engine, watched
+        self._anywhere = anywhere
         if until:
-            span = state.gate.follower.tail.open
-            assert span is not None and span.tags is not None
-            self._end = span.tags.end[0]
+            if not anywhere:
+                span = state.gate.follower.tail.open
+                assert span is not None and span.tags is not None
+                self._end = span.tags.end[0]
             budget = state.budget
             self._progress = None if budget is None else budget.progress.copy()
 
     def _sync(self) -> None:
-        """Give the row's follower the text of the light tokens it has not had yet."""
+        """Give the row's follower the text of the light tokens it has not had yet: inside a call,
+        pieces that only lengthen it, appended; taken anywhere, each followed as the core's
+        :meth:`~ConstraintCore.advance` follows it (:meth:`_follow_lag`; a row without a budget
+        follows no text)."""
         lag = self._lag
         if lag:
-            self._state.gate.follower.text += "".join(lag)
+            if not self._anywhere:
+                self._state.gate.follower.text += "".join(lag)
+            elif self._state.budget is not None:
+                self._follow_lag()
             lag.clear()
+
+    def _follow_lag(self) -> None:
+        """Follow the light tokens taken anywhere through the budget, each position counted as
+        planned (its plan was nothing: the path's bound), runs that change no tail at once
+        (:meth:`TurnBudget.follow`). Only the last ``window`` tokens can be rolled back (vLLM's
+        drafts): the trail is cut to them, and each of their entries gets the row's mark before
+        it (:meth:`RowState.mark` ``behind`` the tokens still to follow), so that going back over
+        them puts the text back too."""
+        state = self._state
+        budget = state.budget
+        assert budget is not None and not self._back
+        trail, lag = self._trail, self._lag
+        window = self._host.window
+        if len(trail) > window:
+            del trail[: len(trail) - window]
+        n = len(lag)
+        marked = min(n, len(trail))  # the lag's tokens are the trail's last
+        budget.follow(lag[: n - marked])
+        consumed = state.consumed
+        for i in range(n - marked, n):
+            behind = n - i
+            budget.skip_plan(consumed - behind)
+            at = len(trail) - behind
+            trail[at] = (state.mark(behind), trail[at][1], False, None)
+            budget.feed(lag[i])
+        budget.skip_plan(consumed - 1)
 
     def _go_back(self) -> None:
         """Put the row back before the tokens rolled back."""
@@ -292,6 +345,7 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
                 chars = sum(len(self._latin1[t]) for t in synced)
                 follower.text = follower.text[: len(follower.text) - chars]
             state.consumed -= light
+            state.engine.ended = False  # a light token is taken before the end only (the stop may be one)
             matcher = state.engine.matcher
             assert matcher is not None
             if self._engine is not None and matcher is self._matcher:  # its engine's alone
@@ -312,17 +366,20 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         """Take ``token`` on the light path: True, or False where the engine refuses it (the row
         unchanged); ``None``, with nothing done, where it must be read whole (the caller checked
         that the row is on the light path). What :meth:`ConstraintCore._lengthen_call` does to the
-        row, its text kept back (:attr:`_lag`) and no mark taken: undoing it is counting back."""
+        row, its text kept back (:attr:`_lag`) and no mark taken: undoing it is counting back.
+        Taken anywhere (:attr:`_anywhere`), any token is, the stop token too (it ends the row)."""
         state = self._state
         latin1 = self._latin1
-        if not 0 <= token < len(latin1) or token in state.stop_ids:
+        if not 0 <= token < len(latin1):
             return None
         piece = latin1[token]
-        if self._end in piece or (not piece.isascii() and utf8_need(0, piece)):
-            return None
-        watched = self._watched
-        if watched is not None and watched[token]:
-            return None
+        stops = token in state.stop_ids
+        if not self._anywhere:
+            if stops or self._end in piece or (not piece.isascii() and utf8_need(0, piece)):
+                return None
+            watched = self._watched
+            if watched is not None and watched[token]:
+                return None
         if not self._feed(token, False):
             return False
         assert self._matcher is not None
@@ -332,6 +389,10 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         self._lag.append(piece)
         if state.gate.on:
             state.gate.pending.append(token)
+        if stops:
+            assert self._engine is not None
+            state.engine.ended = self._engine.is_terminated()
+            self._terminated = True
         return True
 
     def _accept(self, token: int, plan: bool = True) -> bool:

@@ -208,19 +208,24 @@ class RowState:
         """Why the row was stopped, if it was (:attr:`EngineState.failed`)."""
         return self.engine.failed
 
-    def mark(self) -> RowMark:
+    def mark(self, behind: int = 0) -> RowMark:
         """Where the row stands, for a draft path to come back to (:meth:`back_to`): every field
         that changes as the row follows its tokens, read into one tuple. Nothing is copied but
         the budget's progress: the other fields hold immutable values or objects only ever
         rebound (the paused mask), the gate's text is marked as every gate's is
         (:meth:`TextGate.mark`, first), and the matcher by its count of accepted tokens (engines
-        roll back, they cannot copy)."""
+        roll back, they cannot copy).
+
+        ``behind``: the row's last ``behind`` tokens were taken by its engine alone, their text
+        not followed yet (a hosted row's path, :meth:`ConstraintCore.engine_alone_until`): the
+        mark is the row before them, its text being followed now (the engine had not ended)."""
         gate, engine = self.gate, self.engine
         matcher = engine.matcher
         return (
-            *gate.mark(), self.consumed, gate.on, gate.watch, gate.quiet, gate.quiet_until,
-            matcher, 0 if matcher is None else matcher.accepted, engine.failed, engine.ended,
-            engine.paused, engine.paused_bans, None if self.budget is None else self.budget.progress.copy(),
+            *gate.mark(), self.consumed - behind, gate.on, gate.watch, gate.quiet, gate.quiet_until,
+            matcher, 0 if matcher is None else matcher.accepted - behind, engine.failed,
+            engine.ended and not behind, engine.paused, engine.paused_bans,
+            None if self.budget is None else self.budget.progress.copy(),
         )  # fmt: skip
 
     def back_to(self, mark: RowMark) -> None:
