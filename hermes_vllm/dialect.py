@@ -58,6 +58,12 @@ class Dialect:
     """Strings that are no tag here but a tokenizer turns into control tokens (its added and special
     tokens, :func:`hermes_vllm.formats.token_check.reserve_tokens`): escaped in message text too."""
 
+    def __hash__(self) -> int:
+        """The name's hash (a string's, kept by the string), not the fields' (a tuple of them all,
+        hashed at each call): a dialect keys its span reader (:func:`hermes_vllm.spans.reader_of`),
+        looked up at every :func:`~hermes_vllm.spans.split_spans`. Equal dialects share a name."""
+        return hash(self.name)
+
     @property
     def free_spans(self) -> tuple[TagPair, ...]:
         """Spans whose content is never constrained and never opens a call: reasoning, hidden."""

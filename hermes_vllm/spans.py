@@ -11,6 +11,7 @@ import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal, NamedTuple
 
 from hermes_vllm.dialect import Dialect, TagPair, get_dialect
@@ -164,70 +165,13 @@ def split_spans(text: str, dialect: str | Dialect = "hermes", *, strict: bool = 
     ``strict``: a call is closed only by its balanced payload and the closing tag (what the grammar
     admits), never by a closing tag inside an unfinished payload; for text still being written.
     """
-    found = _bounds(text, get_dialect(dialect), strict)
+    found = reader_of(get_dialect(dialect)).bounds(text, strict)
     return [Span(kind, start, end, text[lo:hi], shut, tags) for kind, start, end, lo, hi, shut, tags in found]
 
 
 _Bounds = tuple[SpanKind, int, int, int, int, bool, TagPair | None]
-"""A span as :func:`_bounds` finds it: kind, start, end, its body's start and end, closed, tags."""
-
-_OPENERS: dict[int, tuple[Dialect, list[tuple[str, SpanKind, TagPair]], int]] = {}
-"""Each dialect's opening tags and the longest one's length (by the dialect's id, the dialect
-kept so that the id stays its)."""
-
-
-def _openers(d: Dialect) -> list[tuple[str, SpanKind, TagPair]]:
-    """The tags that open a span in ``d``'s text, with the span's kind (read once a dialect: the
-    follower reads a row's tail at every tag token)."""
-    return _opening(d)[1]
-
-
-def _opening(d: Dialect) -> tuple[Dialect, list[tuple[str, SpanKind, TagPair]], int]:
-    """``d``, its :func:`_openers` and the longest one's length, read once a dialect."""
-    known = _OPENERS.get(id(d))
-    if known is not None and known[0] is d:
-        return known
-    openers: list[tuple[str, SpanKind, TagPair]] = [(d.tool_call.begin, "call", d.tool_call)]
-    openers += [(p.begin, "reasoning", p) for p in d.reasoning]
-    openers += [(p.begin, "hidden", p) for p in d.hidden]
-    _OPENERS[id(d)] = known = (d, openers, max(len(b) for b, _, _ in openers))
-    return known
-
-
-def _bounds(text: str, d: Dialect, strict: bool) -> list[_Bounds]:
-    """:func:`split_spans`'s spans as tuples, no body copied: :func:`read_tail` builds a
-    :class:`Span` only for the span the text ends inside."""
-    openers = _openers(d)
-    spans: list[_Bounds] = []
-    pos = 0
-    text_start = 0
-    n = len(text)
-    while pos < n:
-        # The first opening tag, the longest where two begin at the same place.
-        best: tuple[int, int, SpanKind, TagPair] | None = None
-        for begin, kind, pair in openers:
-            at = text.find(begin, pos)
-            if at != -1 and (best is None or (at, -len(begin)) < (best[0], best[1])):
-                best = (at, -len(begin), kind, pair)
-        if best is None:
-            break
-        at, _, kind, pair = best
-        if at > text_start:
-            spans.append(("text", text_start, at, text_start, at, True, None))
-        body_start = at + len(pair.begin)
-        if kind == "call":
-            bounds = _call_end(text, body_start, pair.end, strict)
-        else:
-            tag_at = text.find(pair.end, body_start)
-            bounds = None if tag_at == -1 else (tag_at, tag_at + len(pair.end))
-        if bounds is None:
-            spans.append((kind, at, n, body_start, n, False, pair))
-            return spans
-        spans.append((kind, at, bounds[1], body_start, bounds[0], True, pair))
-        pos = text_start = bounds[1]
-    if text_start < n:
-        spans.append(("text", text_start, n, text_start, n, True, None))
-    return spans
+"""A span as :meth:`DialectReader.bounds` finds it: kind, start, end, its body's start and end,
+closed, tags."""
 
 
 def partial_tag_suffix(text: str, tags: tuple[str, ...]) -> int:
@@ -272,85 +216,156 @@ class Tail(NamedTuple):
 
 
 SHORT_TAIL = 32
-"""Texts up to this long have their tail kept (:func:`read_tail`)."""
+"""Texts up to this long have their tail kept (:meth:`DialectReader.read_tail`)."""
 
 SHORT_TAILS_MAX = 4096
-"""The most short texts' tails kept at once, and the most tails of texts no span is open at the
-end of (each table is emptied when it is full)."""
+"""The most short texts' tails a dialect's reader keeps at once, and the most tails of texts no
+span is open at the end of (each table is emptied when it is full)."""
 
-_SHORT_TAILS: dict[tuple[int, str], tuple[Dialect, Tail]] = {}
-"""Short texts' tails by the dialect's id and the text (the dialect kept so that the id stays its)."""
+READERS_MAX = 16
+"""The most dialects' readers kept at once (:func:`reader_of`): a process reads a few dialects."""
 
 
-_FREE_TAILS: dict[tuple[int, str, int], tuple[Dialect, Tail]] = {}
-"""The tails of texts no span is open at the end of, by the dialect's id, the text's last
-characters (those a tag may begin in) and the count of calls (:func:`_tail`): a row's follower
-reads one after every call it closes."""
+class DialectReader:
+    """One dialect's reader of tags: its opening tags, and the tails it has read, kept.
+
+    Everything here follows from the dialect alone, so one reader serves every text and every row
+    of it (:func:`reader_of`); a row's follower holds its dialect's and reads through it at every
+    tag token. The kept tails are immutable, so one read serves every row; both tables are
+    bounded (:data:`SHORT_TAILS_MAX`).
+    """
+
+    __slots__ = ("_free", "_short", "call_first", "dialect", "longest", "marks", "openers")
+
+    def __init__(self, dialect: Dialect) -> None:
+        self.dialect = dialect
+        openers: list[tuple[str, SpanKind, TagPair]] = [(dialect.tool_call.begin, "call", dialect.tool_call)]
+        openers += [(p.begin, "reasoning", p) for p in dialect.reasoning]
+        openers += [(p.begin, "hidden", p) for p in dialect.hidden]
+        self.openers = openers
+        """The tags that open a span in the dialect's text, with the span's kind."""
+        self.longest = max(len(b) for b, _, _ in openers)
+        """The longest opening tag's length: only the text's last characters, one fewer, can begin a tag."""
+        self.marks = frozenset(p.begin[0] for p in (dialect.tool_call, *dialect.free_spans))
+        """The tags' first characters: at a clean point only a piece holding one is read (a set's
+        ``isdisjoint`` reads a piece at C speed: a follower asks it of every free-text token)."""
+        begin = dialect.tool_call.begin
+        self.call_first = not any(len(b) > len(begin) and b.startswith(begin) for b, _, _ in openers)
+        """Whether a text beginning with a call's opening tag has the call as its first span (no
+        longer opening tag begins with it): the end of such a call is read alone (:meth:`call_tail`)."""
+        self._short: dict[str, Tail] = {}
+        """Short texts' tails by the text (:meth:`read_tail`)."""
+        self._free: dict[tuple[str, int], Tail] = {}
+        """The tails of texts no span is open at the end of, by the text's last characters (those a
+        tag may begin in) and the count of calls (:meth:`tail`): a row's follower reads one after
+        every call it closes."""
+
+    def bounds(self, text: str, strict: bool) -> list[_Bounds]:
+        """:func:`split_spans`'s spans as tuples, no body copied: :meth:`read` builds a
+        :class:`Span` only for the span the text ends inside."""
+        openers = self.openers
+        spans: list[_Bounds] = []
+        pos = 0
+        text_start = 0
+        n = len(text)
+        while pos < n:
+            # The first opening tag, the longest where two begin at the same place.
+            best: tuple[int, int, SpanKind, TagPair] | None = None
+            for begin, kind, pair in openers:
+                at = text.find(begin, pos)
+                if at != -1 and (best is None or (at, -len(begin)) < (best[0], best[1])):
+                    best = (at, -len(begin), kind, pair)
+            if best is None:
+                break
+            at, _, kind, pair = best
+            if at > text_start:
+                spans.append(("text", text_start, at, text_start, at, True, None))
+            body_start = at + len(pair.begin)
+            if kind == "call":
+                bounds = _call_end(text, body_start, pair.end, strict)
+            else:
+                tag_at = text.find(pair.end, body_start)
+                bounds = None if tag_at == -1 else (tag_at, tag_at + len(pair.end))
+            if bounds is None:
+                spans.append((kind, at, n, body_start, n, False, pair))
+                return spans
+            spans.append((kind, at, bounds[1], body_start, bounds[0], True, pair))
+            pos = text_start = bounds[1]
+        if text_start < n:
+            spans.append(("text", text_start, n, text_start, n, True, None))
+        return spans
+
+    def read_tail(self, text: str) -> Tail:
+        """Where ``text`` (a turn, or its part since a clean point) stands; see :class:`Tail`.
+
+        A short text's tail is kept: a row's follower reads a few short texts again and again,
+        one per call at least (the opening tag alone, as the text since a clean point; the stop
+        token's text after a call), each a read of every tag of the dialect."""
+        if len(text) > SHORT_TAIL:
+            return self.read(text)
+        known = self._short.get(text)
+        if known is not None:
+            return known
+        tail = self.read(text)
+        if len(self._short) >= SHORT_TAILS_MAX:
+            self._short.clear()
+        self._short[text] = tail
+        return tail
+
+    def read(self, text: str) -> Tail:
+        """:meth:`read_tail`, read: every span of ``text`` looked for."""
+        spans = self.bounds(text, True)
+        return self.tail(text, spans[-1] if spans else None, sum(s[0] == "call" for s in spans))
+
+    def tail(self, text: str, last: _Bounds | None, calls: int) -> Tail:
+        """The tail of ``text`` whose last span is ``last`` and which holds ``calls`` calls."""
+        if last is not None and not last[5]:
+            kind, start, end, body_start, _, _, pair = last
+            assert pair is not None
+            span = Span(kind, start, end, text[body_start:], closed=False, tags=pair)
+            return Tail(span, None, calls, bool(partial_tag_suffix(text, (pair.end,))))
+        # Only the last characters can begin a tag: one fewer than the longest opening tag has.
+        ending = text[max(0, len(text) - self.longest + 1) :]
+        key = (ending, calls)
+        known = self._free.get(key)
+        if known is not None:
+            return known
+        dialect = self.dialect
+        if partial_tag_suffix(ending, (dialect.tool_call.begin,)):
+            tail = Tail(None, "call", calls, False)
+        elif partial_tag_suffix(ending, tuple(p.begin for p in dialect.free_spans)):
+            tail = Tail(None, "span", calls, False)
+        else:
+            tail = Tail(None, None, calls, False)
+        if len(self._free) >= SHORT_TAILS_MAX:
+            self._free.clear()
+        self._free[key] = tail
+        return tail
+
+    def call_tail(self, text: str, pair: TagPair) -> Tail:
+        """:meth:`read_tail` of ``text`` that begins with a call's opening tag (``pair``'s), where
+        :attr:`call_first`: the call is the text's first span, so only its end is looked for (a
+        text going on after the call is read whole)."""
+        n = len(text)
+        body_start = len(pair.begin)
+        bounds = _call_end(text, body_start, pair.end, True)
+        if bounds is None:
+            return self.tail(text, ("call", 0, n, body_start, n, False, pair), 1)
+        if bounds[1] < n:
+            return self.read(text)
+        return self.tail(text, ("call", 0, n, body_start, bounds[0], True, pair), 1)
+
+
+@lru_cache(maxsize=READERS_MAX)
+def reader_of(dialect: Dialect) -> DialectReader:
+    """``dialect``'s one reader (equal dialects share it), kept for the next look-up."""
+    return DialectReader(dialect)
 
 
 def read_tail(text: str, dialect: Dialect) -> Tail:
-    """Where ``text`` (a turn, or its part since a clean point) stands; see :class:`Tail`.
-
-    A short text's tail is kept: a row's follower reads a few short texts again and again, one
-    per call at least (the opening tag alone, as the text since a clean point; the stop token's
-    text after a call), each a read of every tag of the dialect. The tail is immutable, so one
-    read serves every row; the table is bounded (:data:`SHORT_TAILS_MAX`)."""
-    if len(text) > SHORT_TAIL:
-        return _read_tail(text, dialect)
-    key = (id(dialect), text)
-    known = _SHORT_TAILS.get(key)
-    if known is not None and known[0] is dialect:
-        return known[1]
-    tail = _read_tail(text, dialect)
-    if len(_SHORT_TAILS) >= SHORT_TAILS_MAX:
-        _SHORT_TAILS.clear()
-    _SHORT_TAILS[key] = (dialect, tail)
-    return tail
-
-
-def _read_tail(text: str, dialect: Dialect) -> Tail:
-    """:func:`read_tail`, read."""
-    spans = _bounds(text, dialect, True)
-    return _tail(text, dialect, spans[-1] if spans else None, sum(s[0] == "call" for s in spans))
-
-
-def _tail(text: str, dialect: Dialect, last: _Bounds | None, calls: int) -> Tail:
-    """The tail of ``text`` whose last span is ``last`` and which holds ``calls`` calls."""
-    if last is not None and not last[5]:
-        kind, start, end, body_start, _, _, pair = last
-        assert pair is not None
-        span = Span(kind, start, end, text[body_start:], closed=False, tags=pair)
-        return Tail(span, None, calls, bool(partial_tag_suffix(text, (pair.end,))))
-    # Only the last characters can begin a tag: one fewer than the longest opening tag has.
-    ending = text[max(0, len(text) - _opening(dialect)[2] + 1) :]
-    key = (id(dialect), ending, calls)
-    known = _FREE_TAILS.get(key)
-    if known is not None and known[0] is dialect:
-        return known[1]
-    if partial_tag_suffix(ending, (dialect.tool_call.begin,)):
-        tail = Tail(None, "call", calls, False)
-    elif partial_tag_suffix(ending, tuple(p.begin for p in dialect.free_spans)):
-        tail = Tail(None, "span", calls, False)
-    else:
-        tail = Tail(None, None, calls, False)
-    if len(_FREE_TAILS) >= SHORT_TAILS_MAX:
-        _FREE_TAILS.clear()
-    _FREE_TAILS[key] = (dialect, tail)
-    return tail
-
-
-def _call_tail(text: str, dialect: Dialect, pair: TagPair) -> Tail:
-    """:func:`read_tail` of ``text`` that begins with a call's opening tag (``pair``'s), no longer
-    opening tag beginning with it in ``dialect``: the call is the text's first span, so only its
-    end is looked for (a text going on after the call is read whole)."""
-    n = len(text)
-    body_start = len(pair.begin)
-    bounds = _call_end(text, body_start, pair.end, True)
-    if bounds is None:
-        return _tail(text, dialect, ("call", 0, n, body_start, n, False, pair), 1)
-    if bounds[1] < n:
-        return _read_tail(text, dialect)
-    return _tail(text, dialect, ("call", 0, n, body_start, bounds[0], True, pair), 1)
+    """Where ``text`` (a turn, or its part since a clean point) stands, read by ``dialect``'s
+    reader (:meth:`DialectReader.read_tail`); see :class:`Tail`."""
+    return reader_of(dialect).read_tail(text)
 
 
 class TextFollower:
@@ -362,28 +377,25 @@ class TextFollower:
     at a clean point dropped).
     """
 
-    __slots__ = ("_call_first", "_marks", "calls", "dialect", "reach", "recent", "tail", "text")
+    __slots__ = ("_call_first", "_marks", "_reader", "calls", "dialect", "reach", "recent", "tail", "text")
 
     def __init__(self, dialect: Dialect, reach: int = 0) -> None:
         self.dialect = dialect
+        reader = self._reader = reader_of(dialect)
+        """The dialect's reader: :meth:`feed` reads the tail through it, no look-up a token."""
         self.text = ""
         """Text since the last clean point."""
-        self.tail: Tail = read_tail("", dialect)
+        self.tail: Tail = reader.read_tail("")
         self.calls = 0
         """Calls begun before the last clean point."""
         self.reach = reach
         self.recent = ""
         """The last ``reach`` characters written, clean points or not: where a stop string may
         have begun."""
-        self._marks = frozenset(p.begin[0] for p in (dialect.tool_call, *dialect.free_spans))
-        """The tags' first characters: at a clean point only a piece holding one is read (a set's
-        ``isdisjoint`` reads a piece at C speed: the follower asks it of every free-text token)."""
-        begin = dialect.tool_call.begin
-        self._call_first = not any(
-            len(b) > len(begin) and b.startswith(begin) for b, _, _ in _openers(dialect)
-        )
-        """Whether a text beginning with a call's opening tag has the call as its first span
-        (no longer opening tag begins with it): the end of such a call is read alone (:meth:`feed`)."""
+        self._marks = reader.marks
+        """:attr:`DialectReader.marks`, held here: the follower asks it of every free-text token."""
+        self._call_first = reader.call_first
+        """:attr:`DialectReader.call_first`: the end of a call the text begins with is read alone."""
 
     @property
     def calls_begun(self) -> int:
@@ -405,9 +417,9 @@ class TextFollower:
         self.text += piece
         if span is not None and span.start == 0 and span.kind == "call" and self._call_first:
             assert span.tags is not None
-            new = _call_tail(self.text, self.dialect, span.tags)
+            new = self._reader.call_tail(self.text, span.tags)
         else:
-            new = read_tail(self.text, self.dialect)
+            new = self._reader.read_tail(self.text)
         if new.clean:
             self.calls += new.calls
             self.text = ""

@@ -83,7 +83,16 @@ def changed(value: Any) -> Any:
 
 FIXED = ("request", "prepared", "future")
 """Fields fixed at admission whose values cannot be made up."""
-ADMITTED = ("stop_ids", "refused_stops", "refused_in_calls", "dialect", "reach", "_marks", "_call_first")
+ADMITTED = (
+    "stop_ids",
+    "refused_stops",
+    "refused_in_calls",
+    "dialect",
+    "reach",
+    "_reader",
+    "_marks",
+    "_call_first",
+)
 """Fields fixed at admission (the row's and its text follower's): never changed, so not marked."""
 REBOUND = {
     "dialect": lambda: get_dialect("chatml-brackets"),

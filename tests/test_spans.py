@@ -148,7 +148,7 @@ def test_the_follower_reads_the_tail_its_text_has(pieces: list[str]) -> None:
     follower = TextFollower(HERMES)
     for piece in pieces:
         if follower.feed(piece) and not follower.tail.clean:
-            assert follower.tail == spans._read_tail(follower.text, HERMES), follower.text
+            assert follower.tail == spans.reader_of(HERMES).read(follower.text), follower.text
 
 
 def test_a_call_followed_again_reads_no_span_boundaries(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -156,7 +156,7 @@ def test_a_call_followed_again_reads_no_span_boundaries(monkeypatch: pytest.Monk
     whose tail is kept for every row, and inside the call only the call's end is looked for (its
     payload, then its closing tag), not every tag of the dialect from the text's start. So a
     second row following the same call, a closing tag inside a string included, reads no text
-    for its span boundaries (:func:`spans._bounds`)."""
+    for its span boundaries (:meth:`spans.DialectReader.bounds`)."""
     pieces = [
         "<tool_call>",
         "\n",
@@ -171,14 +171,14 @@ def test_a_call_followed_again_reads_no_span_boundaries(monkeypatch: pytest.Monk
         first.feed(piece)
     assert first.tail.clean and first.calls == 1
     read = 0
-    bounds = spans._bounds
+    bounds = spans.DialectReader.bounds
 
-    def counted(*args: object) -> object:
+    def counted(self: spans.DialectReader, text: str, strict: bool) -> object:
         nonlocal read
         read += 1
-        return bounds(*args)  # type: ignore[arg-type]
+        return bounds(self, text, strict)
 
-    monkeypatch.setattr(spans, "_bounds", counted)
+    monkeypatch.setattr(spans.DialectReader, "bounds", counted)
     second = TextFollower(HERMES)
     assert [second.feed(piece) for piece in pieces] == [True, False, False, True, False, False, True]
     assert second.tail.clean and second.calls == 1
@@ -257,7 +257,7 @@ def test_the_tail_after_a_call_is_kept_by_the_texts_end(monkeypatch: pytest.Monk
     assert looked == []
     second.feed("</tool_call>")
     assert second.tail.clean and second.calls == 1 and looked == []
-    assert spans._read_tail("text<tool_call>{}</tool_call>x<th", HERMES).begun == "span"
+    assert spans.reader_of(HERMES).read("text<tool_call>{}</tool_call>x<th").begun == "span"
     assert looked
 
 
@@ -271,12 +271,11 @@ def test_a_texts_tail_is_read_from_its_last_characters_alone(text: str, name: st
     """The tail kept by a text's last characters is the one its whole reading gives, for texts
     shorter and longer than the longest opening tag."""
     dialect = get_dialect(name)
-    spans._FREE_TAILS.clear()
-    want = spans._tail(text, dialect, None, 0)
-    spans._FREE_TAILS.clear()
+    want = spans.DialectReader(dialect).tail(text, None, 0)  # a fresh reader: no tail kept
+    reader = spans.DialectReader(dialect)
     for cut in range(len(text) + 1):
-        spans._tail(text[cut:], dialect, None, 0)
-    assert spans._tail(text, dialect, None, 0) == want
+        reader.tail(text[cut:], None, 0)
+    assert reader.tail(text, None, 0) == want
     begun = spans.partial_tag_suffix(text, (dialect.tool_call.begin,))
     spanned = spans.partial_tag_suffix(text, tuple(p.begin for p in dialect.free_spans))
     assert want.begun == ("call" if begun else "span" if spanned else None)
