@@ -432,3 +432,78 @@ def test_a_refused_token_leaves_the_hosted_row_as_it_was(tokenizer: Any) -> None
     row.rollback(2)
     row.fill_bitmask(bitmask, 0)
     assert torch.equal(bitmask[0], masks[3])
+
+
+def core_walk(
+    core: ConstraintCore, tokenizer: Any, args: dict[str, Any], max_tokens: int, rng: random.Random
+) -> tuple[list[int], list[torch.Tensor]]:
+    """A row the core follows token by token (the batch processors' path, no drafts), each token
+    drawn from what its mask allows, tags, brackets and split characters weighed up: its tokens
+    and the mask before each."""
+    import numpy as np
+
+    width = len(tokenizer)
+    latin1 = core.compiler.vocab.latin1
+    weighed = np.array([("<" in p or "}" in p or '"' in p or not p.isascii()) for p in latin1])
+    state = core.admit(args, [tokenizer.eos_token_id], max_tokens=max_tokens)
+    assert state is not None
+    tokens: list[int] = []
+    masks: list[torch.Tensor] = []
+    bitmask = torch.zeros((1, (width + 31) // 32), dtype=torch.int32)
+    while len(tokens) < max_tokens and not state.engine.ended:
+        masked, _ = core.fill([(0, state)], width, bitmask=bitmask)
+        if not masked:
+            bitmask[0].fill_(-1)
+        masks.append(bitmask[0].clone())
+        bits = np.unpackbits(bitmask[0].numpy().view(np.uint8), bitorder="little")[:width].astype(bool)
+        allowed = np.flatnonzero(bits)
+        favoured = np.flatnonzero(bits & weighed[:width])
+        token = int(rng.choice(favoured if favoured.size and rng.random() < 0.6 else allowed))
+        core.advance(state, (token,))
+        tokens.append(token)
+    assert state.failed is None
+    return tokens, masks
+
+
+@pytest.mark.parametrize(("choice", "max_tokens"), [("required", 160), ("named", 120), ("auto", 120)])
+def test_random_turns_with_random_drafts_are_masked_as_the_core_masks_them(
+    tokenizer: Any, choice: str, max_tokens: int
+) -> None:
+    """Random turns (spans, calls, tags, free text, the stop: whatever the masks allow) that the
+    core followed token by token, replayed through hosted rows under vLLM's draft protocol with
+    random drafts (the turn's next tokens, some replaced): at every kept position the hosted row's
+    mask is the core's, where the row takes its tokens on its engine alone (tags and stop
+    included, up to the budget's calm bound) as well as past that bound, rollbacks across it
+    included."""
+    from vllm import SamplingParams
+
+    from hermes_vllm.processor.hosted import RowHost
+
+    width = len(tokenizer)
+    core = ConstraintCore(lambda: tokenizer, width, engine="xgrammar")
+    host = RowHost(core, window=4)
+    args = constraint_args([TOOL], NAMED if choice == "named" else choice)
+    rng = random.Random(max_tokens)
+    bitmask = torch.zeros((5, (width + 31) // 32), dtype=torch.int32)
+    for _ in range(3):
+        tokens, masks = core_walk(core, tokenizer, args, max_tokens, rng)
+        row = host.grammar(SamplingParams(max_tokens=max_tokens, extra_args=args))
+        i = 0
+        while i < len(tokens):
+            drafts = tokens[i : i + rng.randint(0, 3)]
+            if drafts and rng.random() < 0.4:
+                drafts[rng.randrange(len(drafts))] = rng.randrange(width)
+            valid = row.validate_tokens(list(drafts))
+            for j, token in enumerate(valid):
+                row.fill_bitmask(bitmask, j)
+                assert row.accept_tokens("r", [token])
+            if not row.is_terminated():
+                row.fill_bitmask(bitmask, len(valid))
+            row.rollback(len(valid))
+            kept = 0
+            while kept < len(valid) and i + kept < len(tokens) - 1 and valid[kept] == tokens[i + kept]:
+                kept += 1
+            for k in range(kept + 1):
+                assert torch.equal(bitmask[k], masks[i + k]), f"mask at {i + k} of {tokens}"
+            assert row.accept_tokens("r", tokens[i : i + kept + 1])
+            i += kept + 1
