@@ -666,3 +666,25 @@ def test_pieces_followed_at_once_are_followed_as_one_by_one(tokenizer: Any) -> N
         a, b = one.gate.follower, many.gate.follower
         assert (a.text, a.tail, a.calls, a.recent) == (b.text, b.tail, b.calls, b.recent), text
         assert one.budget.progress == many.budget.progress, text
+
+
+def test_a_dialect_without_reasoning_or_hidden_spans_has_a_calm_bound(tokenizer: Any) -> None:
+    """A dialect file may declare no reasoning and no hidden span: its turn's budget is built and
+    its calm bound read (the spans' closing tags are only one term of it)."""
+    import dataclasses
+
+    from hermes_vllm.budget import TurnBudget
+    from hermes_vllm.dialect import get_dialect
+    from hermes_vllm.schema import normalize_tools
+    from hermes_vllm.spans import TextFollower
+
+    dialect = dataclasses.replace(get_dialect("hermes"), reasoning=(), hidden=())
+    assert dialect.free_spans == ()
+    (spec,) = normalize_tools([TOOL], check_metaschema=True)
+    core = core_for(tokenizer)
+    budget = TurnBudget(
+        dialect, TextFollower(dialect), CallCompleter(dialect, [(spec.name, spec.parameters)]), core.speller,
+        max_tokens=200, reasoning_budget=None, required=False, close=True, margin=4, reserve=30,
+    )  # fmt: skip
+    assert budget.calm_until() == 200 - budget.alert
+    assert budget.plan(0) is NOTHING

@@ -154,7 +154,7 @@ class TurnBudget:
         self._alert_floor = max(reserve, answer_reserve + answer_lookahead)
         self._alert_extra = margin + max(lookahead, answer_lookahead) + 1
         """The terms of :attr:`alert` fixed at admission: read on every token, computed once."""
-        self._calm_floor = reserve + max(margin, *(len(p.end) for p in dialect.free_spans))
+        self._calm_floor = reserve + max((margin, *(len(p.end) for p in dialect.free_spans)))
         """Tokens from the end within which :meth:`plan` may speak outside a call's alert window
         (:meth:`calm_until`): the owed call opened, an owed call's span closed, a call refused."""
         self.progress = Progress(need=reserve)

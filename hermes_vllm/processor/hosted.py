@@ -296,7 +296,7 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         if len(trail) > window:
             del trail[: len(trail) - window]
         n = len(lag)
-        marked = min(n, len(trail))  # the lag's tokens are the trail's last
+        marked = min(n, len(trail))  # the lag's tokens are the trail's last (at least one: its own)
         budget.follow(lag[: n - marked])
         consumed = state.consumed
         for i in range(n - marked, n):
@@ -305,7 +305,6 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
             at = len(trail) - behind
             trail[at] = (state.mark(behind), trail[at][1], False, None)
             budget.feed(lag[i])
-        budget.skip_plan(consumed - 1)
 
     def _go_back(self) -> None:
         """Put the row back before the tokens rolled back."""
