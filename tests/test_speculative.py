@@ -321,32 +321,13 @@ def test_a_long_call_is_marked_only_where_its_row_is_read_whole(
     marks = 0
     mark = RowState.mark
 
-    def counted(state: RowState) -> Any:
+    def counted(state: RowState, behind: int = 0) -> Any:
         nonlocal marks
         marks += 1
-        return mark(state)
+        return mark(state, behind)
 
     monkeypatch.setattr(RowState, "mark", counted)
-    rng = random.Random(2)
-    bitmask = torch.zeros((5, (width + 31) // 32), dtype=torch.int32)
-    i = 0
-    while i < len(tokens):
-        drafts = tokens[i : i + rng.randint(0, 3)]
-        if drafts and rng.random() < 0.3:
-            drafts[rng.randrange(len(drafts))] = rng.randrange(width)  # a wrong draft
-        valid = row.validate_tokens(list(drafts))
-        for j, token in enumerate(valid):
-            row.fill_bitmask(bitmask, j)
-            assert row.accept_tokens("r", [token])
-        row.fill_bitmask(bitmask, len(valid))
-        row.rollback(len(valid))
-        kept = 0  # the drafts the target keeps, then its own token after them
-        while kept < len(valid) and i + kept < len(tokens) - 1 and valid[kept] == tokens[i + kept]:
-            kept += 1
-        for k in range(kept + 1):
-            assert torch.equal(bitmask[k], masks[i + k]), f"mask at {i + k}"
-        assert row.accept_tokens("r", tokens[i : i + kept + 1])
-        i += kept + 1
+    play_drafts(row, tokens, masks, width, random.Random(2), 0.3)
     assert row.is_terminated()
     assert len(tokens) > 150 and marks <= 12, marks
 
@@ -434,6 +415,36 @@ def test_a_refused_token_leaves_the_hosted_row_as_it_was(tokenizer: Any) -> None
     assert torch.equal(bitmask[0], masks[3])
 
 
+def play_drafts(
+    row: Any, tokens: list[int], masks: list[torch.Tensor], width: int, rng: random.Random, wrong: float
+) -> None:
+    """vLLM's draft protocol over ``row`` for the run ``tokens`` (``masks``: the mask before each):
+    random drafts (the run's next tokens, one replaced by a random token of the ``width`` at the
+    rate ``wrong``) validated, each filled and accepted, the bonus row filled, rolled back, then
+    the kept drafts and the target's own token after them accepted; every row a kept or bonus
+    token comes from is the run's mask at that position."""
+    bitmask = torch.zeros((5, masks[0].numel()), dtype=torch.int32)
+    i = 0
+    while i < len(tokens):
+        drafts = tokens[i : i + rng.randint(0, 3)]
+        if drafts and rng.random() < wrong:
+            drafts[rng.randrange(len(drafts))] = rng.randrange(width)  # a wrong draft
+        valid = row.validate_tokens(list(drafts))
+        for j, token in enumerate(valid):
+            row.fill_bitmask(bitmask, j)
+            assert row.accept_tokens("r", [token])
+        if not row.is_terminated():
+            row.fill_bitmask(bitmask, len(valid))
+        row.rollback(len(valid))
+        kept = 0  # the drafts the target keeps, then its own token after them
+        while kept < len(valid) and i + kept < len(tokens) - 1 and valid[kept] == tokens[i + kept]:
+            kept += 1
+        for k in range(kept + 1):
+            assert torch.equal(bitmask[k], masks[i + k]), f"mask at {i + k} of {tokens}"
+        assert row.accept_tokens("r", tokens[i : i + kept + 1])
+        i += kept + 1
+
+
 def core_walk(
     core: ConstraintCore, tokenizer: Any, args: dict[str, Any], max_tokens: int, rng: random.Random
 ) -> tuple[list[int], list[torch.Tensor]]:
@@ -484,26 +495,7 @@ def test_random_turns_with_random_drafts_are_masked_as_the_core_masks_them(
     host = RowHost(core, window=4)
     args = constraint_args([TOOL], NAMED if choice == "named" else choice)
     rng = random.Random(max_tokens)
-    bitmask = torch.zeros((5, (width + 31) // 32), dtype=torch.int32)
     for _ in range(3):
         tokens, masks = core_walk(core, tokenizer, args, max_tokens, rng)
         row = host.grammar(SamplingParams(max_tokens=max_tokens, extra_args=args))
-        i = 0
-        while i < len(tokens):
-            drafts = tokens[i : i + rng.randint(0, 3)]
-            if drafts and rng.random() < 0.4:
-                drafts[rng.randrange(len(drafts))] = rng.randrange(width)
-            valid = row.validate_tokens(list(drafts))
-            for j, token in enumerate(valid):
-                row.fill_bitmask(bitmask, j)
-                assert row.accept_tokens("r", [token])
-            if not row.is_terminated():
-                row.fill_bitmask(bitmask, len(valid))
-            row.rollback(len(valid))
-            kept = 0
-            while kept < len(valid) and i + kept < len(tokens) - 1 and valid[kept] == tokens[i + kept]:
-                kept += 1
-            for k in range(kept + 1):
-                assert torch.equal(bitmask[k], masks[i + k]), f"mask at {i + k} of {tokens}"
-            assert row.accept_tokens("r", tokens[i : i + kept + 1])
-            i += kept + 1
+        play_drafts(row, tokens, masks, width, rng, 0.4)
