@@ -341,3 +341,37 @@ def test_a_reasoning_span_closed_by_its_tag_in_pieces_is_counted_up_to_the_tag(t
     assert tokenizer.decode(tag) == "</think>" and end not in tag
     assert span_token_counts([begin, *body, *tag, *body, end], tokenizer) == [len(body)]
     assert span_token_counts([begin, *body, end, *body], tokenizer) == [len(body)]
+
+
+def test_a_think_token_inside_a_call_opens_no_span(tiny_model_131k: Any) -> None:
+    """A random model writes ``<think>`` into a call's string argument: it is the argument's text
+    to the grammar and the reasoning parser (usage counts none of it), so the count a test holds
+    usage to must not read a span there, nor end the call at a ``</tool_call>`` inside a string
+    (a server test failed on that now and then: "usage reports 0 reasoning tokens for spans of
+    [28]")."""
+    from transformers import AutoTokenizer
+    from vllm.tokenizers import get_tokenizer
+
+    from hermes_vllm.parsers.dialects import HermesReasoningParser
+    from hermes_vllm.testing.adversary import span_token_counts
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_131k))
+    begin, end = tokenizer.convert_tokens_to_ids(["<think>", "</think>"])
+
+    def encode(text: str) -> list[int]:
+        return list(tokenizer.encode(text, add_special_tokens=False))
+
+    call = [
+        *encode('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lyon '),
+        begin,
+        *encode(' </tool_call> on"}}\n</tool_call>'),
+    ]
+    body = encode("hello world again")
+    usage = HermesReasoningParser(get_tokenizer(str(tiny_model_131k))).count_reasoning_tokens
+    for ids, spans in (
+        (call, []),
+        ([*call, *body, begin, *body, end], [len(body)]),
+        ([begin, *body, end, *call, *body], [len(body)]),
+    ):
+        assert span_token_counts(ids, tokenizer) == spans
+        assert usage(ids) == sum(spans)

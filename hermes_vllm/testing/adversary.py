@@ -578,22 +578,42 @@ def span_token_counts(token_ids: Sequence[int], tokenizer: Any) -> list[int]:
     """Tokens inside each span the ``<think>`` token opens, up to its closing tag: the
     ``</think>`` token, or the tag spelled in several tokens, as the text reads (the processor and
     the reasoning parser read text; a model may write ``</`` ``think`` ``>``). Where the spelled
-    tag begins inside a token, that token is not counted: a lower bound of what the text holds."""
+    tag begins inside a token, that token is not counted: a lower bound of what the text holds.
+
+    A ``<think>`` token inside a call (its JSON body, before ``</tool_call>``) is the call's text,
+    as the grammar and the parsers read it, not a span: a random model writes it into a string
+    argument. A call's body ends where its JSON object does (:func:`_call_body_end`), so a
+    ``</tool_call>`` inside a string does not end it."""
     begin, end = tokenizer.convert_tokens_to_ids(["<think>", "</think>"])
     pieces = served_vocabulary(tokenizer).vocab.latin1  # each token's own bytes, as the parser reads them
     counts: list[int] = []
     inside = False
     text = ""
     ends: list[int] = []
+    free = ""
+    call: str | None = None
     for token in token_ids:
-        if not inside:
+        piece = pieces[token] if 0 <= token < len(pieces) else ""
+        if call is not None:  # inside a call: its text up to its closing tag
+            call += piece
+            done = _call_body_end(call)
+            if done is not None:
+                free, call = call[done:], None
+        elif not inside:
             if token == begin:
-                inside, text, ends = True, "", []
+                inside, text, ends, free = True, "", [], ""
                 counts.append(0)
+            else:
+                free += piece
+                at = free.find(CALL_TAGS[0])
+                if at >= 0:
+                    call, free = free[at + len(CALL_TAGS[0]) :], ""
+                else:  # only a tag's first characters may be left to complete
+                    free = free[len(free) - len(CALL_TAGS[0]) + 1 :]
         elif token == end:
             inside = False
         else:
-            text += pieces[token] if 0 <= token < len(pieces) else ""
+            text += piece
             tag = text.find("</think>")
             if tag >= 0:  # closed by the tag in pieces: count the tokens wholly before it
                 inside = False
@@ -602,3 +622,19 @@ def span_token_counts(token_ids: Sequence[int], tokenizer: Any) -> list[int]:
                 ends.append(len(text))
                 counts[-1] += 1
     return counts
+
+
+CALL_TAGS = ("<tool_call>", "</tool_call>")
+"""The call tags :func:`span_token_counts` reads (the ``<think>`` dialect's)."""
+
+
+def _call_body_end(call: str) -> int | None:
+    """Where the text after a call's closing tag begins in ``call`` (the text after its opening
+    tag), ``None`` while the call is open: its JSON object read whole, then the closing tag."""
+    body = call.lstrip()
+    try:
+        _, length = json.JSONDecoder().raw_decode(body)
+    except ValueError:
+        return None
+    at = body.find(CALL_TAGS[1], length)
+    return None if at < 0 else len(call) - len(body) + at + len(CALL_TAGS[1])
