@@ -725,3 +725,59 @@ def test_a_turns_shape_is_decided_once_for_every_engine(
         matcher = compiler_for(engine, tokenizer).compile(TOOLS, choice, parallel).matcher()
         accepted = all(matcher.accept_token(t) for t in ids)
         assert accepted == (shape[2] == "any" and not shape[1]), (engine, choice, parallel)
+
+
+@pytest.mark.parametrize(
+    ("parameters", "repeats"),
+    [
+        ({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}, True),
+        (
+            {
+                "type": "object",
+                "properties": {
+                    "q": {"anyOf": [{"type": "string"}, {"type": "integer"}]},
+                    "tags": {"type": "array", "items": {"type": "string"}},
+                    "at": {"type": "object", "properties": {"x": {"type": ["number", "null"]}}},
+                },
+            },
+            True,
+        ),
+        ({"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}}}, False),
+        ({"type": "object", "properties": {"city": {"type": "string", "minLength": 3}}}, False),
+        ({"type": "object", "properties": {"city": {"type": "string", "pattern": "^[a-z]+$"}}}, False),
+        ({"type": "object", "properties": {"day": {"type": "string", "format": "date"}}}, False),
+        ({"type": "object", "properties": {"unit": {"type": "string", "enum": ["c", "f"]}}}, False),
+        ({"type": "object", "properties": {"unit": {"const": "c"}}}, False),
+        ({"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": True}, False),
+        (
+            {
+                "type": "object",
+                "properties": {"a": {"type": "string"}},
+                "additionalProperties": {"type": "string"},
+            },
+            False,
+        ),
+        ({"type": "object", "properties": {"any": {}}}, False),
+        ({"type": "object", "properties": {"d": {"type": "object"}}}, False),
+        ({"type": "object", "properties": {"l": {"type": "array"}}}, False),
+        (
+            {
+                "type": "object",
+                "properties": {"l": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
+            },
+            False,
+        ),
+        ({"type": "object", "properties": {"k" * 5000: {"type": "string"}}}, False),
+    ],
+)
+def test_masks_repeat_inside_strings_only_where_every_string_is_unbounded_and_every_key_fixed(
+    parameters: dict[str, Any], repeats: bool
+) -> None:
+    """A mask allowing every plain string token is the mask again after one only where the
+    matcher can stand nowhere else than inside an unbounded string value: no string under a
+    length, pattern, format or literal, no free key beside fixed ones, no value of any shape, and
+    property names too few to allow every plain token at a key (``strings_repeat``; the hosted
+    rows' fills rely on it, ``tests/test_speculative.py``)."""
+    from hermes_vllm.grammar.engines.xgrammar import strings_repeat
+
+    assert strings_repeat(turn_spec(normalize_tools([tool(parameters, "t")]))) is repeats

@@ -22,6 +22,7 @@ import torch
 from support.budget_scenarios import WEATHER as TOOL
 from support.drafts import COPYABLE_PROMPT as PROMPT
 from support.drafts import NGRAM
+from support.soundness import tool
 
 from hermes_vllm import constraint_args
 from hermes_vllm.grammar.engines.base import token_allowed
@@ -476,9 +477,37 @@ def core_walk(
     return tokens, masks
 
 
-@pytest.mark.parametrize(("choice", "max_tokens"), [("required", 160), ("named", 120), ("auto", 120)])
+RICH = tool(
+    {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string"},
+            "near": {"type": "array", "items": {"type": "string"}},
+            "at": {
+                "anyOf": [{"type": "string"}, {"type": "object", "properties": {"c": {"type": "string"}}}]
+            },
+            "n": {"type": ["integer", "null"]},
+        },
+        "required": ["city"],
+    },
+    "get_weather",
+)
+"""A tool whose strings all repeat their masks (``strings_repeat``): strings at several depths,
+in an array, in a union with an object holding one."""
+
+
+@pytest.mark.parametrize(
+    ("choice", "max_tokens", "tool"),
+    [
+        ("required", 160, TOOL),
+        ("named", 120, TOOL),
+        ("auto", 120, TOOL),
+        ("auto", 160, RICH),
+        ("required", 120, RICH),
+    ],
+)
 def test_random_turns_with_random_drafts_are_masked_as_the_core_masks_them(
-    tokenizer: Any, choice: str, max_tokens: int
+    tokenizer: Any, choice: str, max_tokens: int, tool: dict[str, Any]
 ) -> None:
     """Random turns (spans, calls, tags, free text, the stop: whatever the masks allow) that the
     core followed token by token, replayed through hosted rows under vLLM's draft protocol with
@@ -493,9 +522,123 @@ def test_random_turns_with_random_drafts_are_masked_as_the_core_masks_them(
     width = len(tokenizer)
     core = ConstraintCore(lambda: tokenizer, width, engine="xgrammar")
     host = RowHost(core, window=4)
-    args = constraint_args([TOOL], NAMED if choice == "named" else choice)
+    args = constraint_args([tool], NAMED if choice == "named" else choice)
     rng = random.Random(max_tokens)
     for _ in range(3):
         tokens, masks = core_walk(core, tokenizer, args, max_tokens, rng)
         row = host.grammar(SamplingParams(max_tokens=max_tokens, extra_args=args))
         play_drafts(row, tokens, masks, width, rng, 0.4)
+
+
+LONG_CITY = (
+    "Saint-Remy-de-Provence near the Alpilles hills and the Roman ruins of Glanum where Van Gogh painted"
+)
+
+
+def scripted_turn(
+    core: ConstraintCore, tokenizer: Any, args: dict[str, Any], text: str, max_tokens: int
+) -> tuple[list[int], list[torch.Tensor]]:
+    """``text`` then the stop token, followed by the core token by token (no drafts): its tokens
+    and the core's mask before each."""
+    width = len(tokenizer)
+    tokens = [*tokenizer.encode(text, add_special_tokens=False), tokenizer.eos_token_id]
+    state = core.admit(args, [tokenizer.eos_token_id], max_tokens=max_tokens)
+    assert state is not None
+    masks: list[torch.Tensor] = []
+    bitmask = torch.zeros((1, (width + 31) // 32), dtype=torch.int32)
+    for token in tokens:
+        if not core.fill([(0, state)], width, bitmask=bitmask)[0]:
+            bitmask[0].fill_(-1)
+        assert token_allowed(bitmask[0].numpy(), token), (token, text)
+        masks.append(bitmask[0].clone())
+        core.advance(state, (token,))
+    assert state.failed is None
+    return tokens, masks
+
+
+def _native_fills(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A counter of the fills hosted rows ask of xgrammar's matchers."""
+    from hermes_vllm.grammar.engines import xgrammar
+
+    count = [0]
+    direct = xgrammar.XGrammarMatcher.direct
+
+    def counted(self: Any) -> Any:
+        accept, fill, rollback = direct(self)
+
+        def fill_counted(bitmask: torch.Tensor, row: int, debug: bool) -> Any:
+            count[0] += 1
+            return fill(bitmask, row, debug)
+
+        return accept, fill_counted, rollback
+
+    monkeypatch.setattr(xgrammar.XGrammarMatcher, "direct", counted)
+    return count
+
+
+@pytest.mark.parametrize(("choice", "max_tokens"), [("auto", 400), ("required", 100)])
+def test_a_string_values_plain_tokens_repeat_its_mask_instead_of_asking_the_engine(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch, choice: str, max_tokens: int
+) -> None:
+    """Inside a call, on a row whose text is followed there (a gated ``auto`` row; a ``required``
+    row past its budget's calm bound), a fill inside an unbounded string value that allows every
+    plain token is the mask after each further plain token: the row copies it instead of asking
+    xgrammar, and every kept mask is still the core's (random drafts, some wrong, rollbacks over
+    the string)."""
+    from vllm import SamplingParams
+
+    from hermes_vllm.processor.hosted import RowHost
+
+    width = len(tokenizer)
+    core = ConstraintCore(lambda: tokenizer, width, engine="xgrammar")
+    args = constraint_args([TOOL], choice)
+    text = f'<tool_call>\n{{"name": "get_weather", "arguments": {{"city": "{LONG_CITY}"}}}}\n</tool_call>'
+    tokens, masks = scripted_turn(
+        core, tokenizer, args, ("Sure. " if choice == "auto" else "") + text, max_tokens
+    )
+    native = _native_fills(monkeypatch)
+    city = len(tokenizer.encode(LONG_CITY, add_special_tokens=False))
+    for wrong in (0.0, 0.4):
+        fills = []
+        for repeat in (False, True):
+            with monkeypatch.context() as patch:
+                if not repeat:
+                    patch.setattr(ConstraintCore, "string_plain", lambda self, end: None)
+                native[0] = 0
+                row = RowHost(core, window=4).grammar(SamplingParams(max_tokens=max_tokens, extra_args=args))
+                play_drafts(row, tokens, masks, width, random.Random(7), wrong)
+                fills.append(native[0])
+        assert fills[1] <= fills[0] - city // 3, (fills, city)
+
+
+def test_a_bounded_string_is_filled_by_the_engine_at_every_position(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under ``maxLength`` a string's mask allows every plain token until its last characters,
+    then narrows: such a turn's masks do not repeat (``strings_repeat``), and its rows keep the
+    core's masks to the string's end. Were they taken to repeat, they would not."""
+    from vllm import SamplingParams
+
+    from hermes_vllm.grammar.engines import xgrammar
+    from hermes_vllm.processor.hosted import RowHost
+
+    width = len(tokenizer)
+    text = (
+        f'Sure. <tool_call>\n{{"name": "get_weather", "arguments": {{"city": "{LONG_CITY}"}}}}\n</tool_call>'
+    )
+    for forced in (False, True):
+        if forced:  # the guard left out: the row repeats a mask the string's bound has narrowed
+            monkeypatch.setattr(xgrammar, "strings_repeat", lambda turn: True)
+        # A bound of its own each time: compiled grammars are shared by the process.
+        city = {"type": "string", "maxLength": len(LONG_CITY) + 2 + forced}
+        parameters = {"type": "object", "properties": {"city": city}, "required": ["city"]}
+        bounded = {"type": "function", "function": {"name": "get_weather", "parameters": parameters}}
+        args = constraint_args([bounded], "auto")
+        core = ConstraintCore(lambda: tokenizer, width, engine="xgrammar")
+        tokens, masks = scripted_turn(core, tokenizer, args, text, 400)
+        row = RowHost(core, window=4).grammar(SamplingParams(max_tokens=400, extra_args=args))
+        if not forced:
+            play_drafts(row, tokens, masks, width, random.Random(3), 0.0)
+            continue
+        with pytest.raises(AssertionError, match="mask at"):
+            play_drafts(row, tokens, masks, width, random.Random(3), 0.0)

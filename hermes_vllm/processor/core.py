@@ -25,8 +25,10 @@ its compile had finished, so every tensor-parallel worker applies the same masks
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from enum import Enum
 from functools import cached_property
 from typing import Any
@@ -40,7 +42,7 @@ from hermes_vllm.constraint import ConstraintRequest, parse_constraint
 from hermes_vllm.dialect import Dialect, available_dialects, get_dialect
 from hermes_vllm.grammar import GrammarCompileError, ToolGrammarCompiler
 from hermes_vllm.grammar.compiler import CompiledToolGrammar, ToolCallMatcher, prepare_constraint
-from hermes_vllm.grammar.engines.base import allocate_bitmask, token_allowed
+from hermes_vllm.grammar.engines.base import KEY_CHARACTERS_MAX, allocate_bitmask, token_allowed
 from hermes_vllm.grammar.engines.xgrammar import batch_accept, batch_fill
 from hermes_vllm.latin1 import utf8_need
 from hermes_vllm.metrics import record_step
@@ -78,6 +80,57 @@ class Fill(Enum):
 PROMPT_TAIL = 256
 """Prompt tokens read for a span the generation prompt leaves open (it opens at the very end)."""
 
+_STRING_BREAKS = b'"\\' + bytes(range(32))
+"""The bytes that end a JSON string's plain run: its quote, the escape, the control characters."""
+
+
+PROBES = 2
+"""Words of a packed mask row, each of plain string tokens only, a filled mask is tried on before
+all of them (:class:`PlainStrings`)."""
+
+
+@dataclass(frozen=True)
+class PlainStrings:
+    """A vocabulary's plain string tokens (:meth:`ConstraintCore.string_plain`)."""
+
+    kinds: bytes
+    """Per token id: 1 for a plain token; 2 for one that may leave a string value open behind it
+    (a quote with nothing but string characters after its last one, or an escape), where a mask
+    is worth trying a few plain tokens later; 0 for any other."""
+    words: np.ndarray
+    """The same as a packed mask row."""
+    probe: tuple[int, ...]
+    """A few words of :attr:`words` that hold plain tokens only, spread over the vocabulary: a
+    mask that does not allow them all (a key, a literal, a number) refuses some of these."""
+
+    def allowed_by(self, mask: np.ndarray) -> bool:
+        """Whether the packed mask row ``mask`` allows every plain token."""
+        if any(mask.item(w) != -1 for w in self.probe):
+            return False
+        return bool((mask & self.words).tobytes() == self.words.tobytes())
+
+
+_STRUCTURE = re.compile(r'[,:{}\[\]"\x00-\x1f]')
+"""What a JSON string's body cannot hold unescaped, besides its escapes."""
+
+
+def _may_open_string(piece: str) -> bool:
+    """Whether a token (latin-1) may leave the text inside a string value: it holds an escape, or
+    a quote with nothing after its last one that a string's body could not hold (``' "'``,
+    ``'": "'``, ``' "Sa'``; not ``'",'``). Only where to try a mask: the mask decides."""
+    if "\\" in piece:
+        return True
+    quote = piece.rfind('"')
+    return quote >= 0 and _STRUCTURE.search(piece, quote + 1) is None
+
+
+def _utf8_text(piece: str) -> bool:
+    """Whether a token's bytes (latin-1) are whole UTF-8 characters from a boundary, at least one."""
+    try:
+        return bool(piece.encode("latin-1").decode("utf-8"))
+    except UnicodeDecodeError:
+        return False
+
 
 class ConstraintCore:
     """Per-row state and the step's bitmask for one engine process."""
@@ -101,6 +154,8 @@ class ConstraintCore:
         """Whether a token the engine refuses is logged as ending its row (an error). A hosted row
         (speculative decoding) puts its row back where it was before a refused draft instead, and
         tells vLLM, which ends a request itself where a sampled token is refused."""
+        self._plain_strings: dict[str, PlainStrings | None] = {}
+        """:meth:`string_plain` by the closing tag's first character (the dialects': a handful)."""
 
     @cached_property
     def compiler(self) -> ToolGrammarCompiler:
@@ -132,7 +187,7 @@ class ConstraintCore:
             dialect = get_dialect(name)
             begin, end = self._begin_bytes(dialect), dialect.tool_call.end[0]
             _ = self.index.holding_any(begin), vocab.no_call_words(dialect, words)
-            _ = self._plain_tokens(end, begin), self._plain_tokens(end, None)
+            _ = self._plain_tokens(end, begin), self._plain_tokens(end, None), self.string_plain(end)
             vocab.gate_allowed(dialect)
         compiler.warm()
 
@@ -437,6 +492,43 @@ class ConstraintCore:
 
         plain: bytes = vocab.table(f"call lane {end!r} {watch!r} {self.vocab_size}", build)
         return plain
+
+    def string_plain(self, end: str) -> PlainStrings | None:
+        """The plain string tokens inside a call whose closing tag begins with ``end``
+        (:class:`PlainStrings`). Plain: whole UTF-8 characters, none of a JSON string's quote,
+        backslash or control characters, nor ``end`` (the in-call path reads such a token whole),
+        not empty, not special. Inside an unbounded string value such a token leaves the rest of
+        the language as it was (:attr:`EngineMatcher.strings_repeat`). ``None`` where the
+        vocabulary has no more of them than :data:`KEY_CHARACTERS_MAX`. Kept by the core per
+        ``end`` (a dialect's character): a hosted row asks at every reading of its path."""
+        if end in self._plain_strings:
+            return self._plain_strings[end]
+        vocab = self.compiler.vocab
+
+        def build() -> PlainStrings | None:
+            size = len(vocab.latin1)
+            plain = np.frombuffer(self._plain_tokens(end, None), dtype=np.uint8).astype(bool)
+            plain &= ~self.index.holding_any(_STRING_BREAKS)[:size]
+            plain &= np.fromiter(map(_utf8_text, vocab.latin1), dtype=bool, count=size)
+            plain[[t for t in vocab.tokenizer_info.special_token_ids if 0 <= t < size]] = False
+            if int(plain.sum()) <= KEY_CHARACTERS_MAX:
+                return None
+            padded = np.zeros((self.vocab_size + 31) // 32 * 32, dtype=bool)
+            padded[:size] = plain
+            words = np.packbits(padded, bitorder="little").view(np.int32)
+            full = np.flatnonzero(words == -1)
+            probe = (
+                tuple(int(full[k * (len(full) - 1) // (PROBES - 1)]) for k in range(PROBES))
+                if full.size
+                else ()
+            )
+            kinds = plain.astype(np.uint8)
+            kinds[[t for t, piece in enumerate(vocab.latin1) if _may_open_string(piece)]] = 2
+            return PlainStrings(bytes(kinds.tobytes()), words, probe)
+
+        found: PlainStrings | None = vocab.table(f"string plain {end!r} {self.vocab_size}", build)
+        self._plain_strings[end] = found
+        return found
 
     def start_engine(self, state: RowState) -> None:
         """Build an engine-only row's matcher now, its grammar compiled (its first fill would:

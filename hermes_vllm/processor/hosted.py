@@ -65,9 +65,10 @@ from hermes_vllm.budget.turn_budget import Progress
 from hermes_vllm.grammar import GrammarCompileError
 from hermes_vllm.latin1 import utf8_need
 from hermes_vllm.metrics import record_step
-from hermes_vllm.processor.core import ConstraintCore, Fill
+from hermes_vllm.processor.core import ConstraintCore, Fill, PlainStrings
 from hermes_vllm.processor.forced_drafts import ForcedDrafts
 from hermes_vllm.processor.row import RowMark, RowState
+from hermes_vllm.spans import reader_of
 
 if TYPE_CHECKING:
     from vllm.sampling_params import SamplingParams
@@ -92,6 +93,8 @@ class RowHost:
         self.lock = threading.Lock()
         self.checked: torch.Tensor | None = None
         """The last bitmask found alike the core's (a row on the light path fills only this one)."""
+        self.rows: np.ndarray | None = None
+        """:attr:`checked` as numpy rows (made once a bitmask, not once a fill)."""
         self.filled: set[int] = set()
         """The rows (by their state's id) filled in the step under way (:meth:`step`)."""
         core.log_refusals = False  # a refused draft's row is put back (HostedGrammar.accept_tokens)
@@ -148,7 +151,7 @@ class RowHost:
                     f"vLLM's bitmask ({bitmask.shape[1]} {bitmask.dtype} words a row) is not the "
                     f"hermes-vllm core's ({own.shape[1]} {own.dtype})"
                 )
-            self.checked = bitmask
+            self.checked, self.rows = bitmask, bitmask.numpy()
         kind, plan = core.decide(state)
         if kind is Fill.ENGINE:  # the row written whatever the engine answers (EngineMatcher.fill_bitmask)
             assert state.engine.matcher is not None
@@ -231,6 +234,21 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         self._lag: list[str] = []
         """The text (latin-1) of light tokens the row's follower has not been given yet
         (:meth:`_sync`), a piece a token."""
+        self._plain: PlainStrings | None = None
+        """On the light path of a row whose masks repeat inside strings
+        (:attr:`EngineMatcher.strings_repeat`): the plain string tokens
+        (:meth:`ConstraintCore.string_plain`)."""
+        self._plain_tokens: bytes | None = None
+        """:attr:`PlainStrings.kinds` of :attr:`_plain` (read at every token taken lightly)."""
+        self._same: tuple[int, np.ndarray] | None = None
+        """A mask and the position whose fill repeats it: inside a call, a filled mask that allows
+        every plain string token is the mask again after a plain token taken lightly (inside an
+        unbounded string value), so that fill copies it instead of asking the engine."""
+        self._try_at = -1
+        """The position from which the next fill is tried as such a mask (-1: none): :data:`LOOK_AFTER` plain
+        tokens after one that may open a string (:attr:`PlainStrings.opening`), so that a short
+        string (a name, a city) is over before trying would pay; at once where the row enters the
+        in-call path (it may stand inside a string)."""
         with host.lock:  # read here, on vLLM's compile thread, not by the first fill
             self._refresh()
 
@@ -260,6 +278,14 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
             self._feed, self._fill, self._rollback = (_unread,) * 3 if engine is None else engine.direct()
         self._until, self._matcher, self._engine, self._watched = until, matcher, engine, watched
         self._anywhere = anywhere
+        # A row entering the in-call path may stand inside a string: its next fill is tried.
+        repeats = until and engine is not None and engine.strings_repeat
+        # Taken anywhere, a row without a budget follows no text: where it stands is not read.
+        repeats = repeats and not (anywhere and state.budget is None)
+        self._plain = core.string_plain(state.dialect.tool_call.end[0]) if repeats else None
+        self._plain_tokens = None if self._plain is None else self._plain.kinds
+        self._same = None
+        self._try_at = -1 if anywhere or self._plain is None else state.consumed
         if until:
             if not anywhere:
                 span = state.gate.follower.tail.open
@@ -320,6 +346,7 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         trail = self._trail
         if start >= len(trail):
             return
+        self._same = None
         state = self._state
         terminated = trail[start][2]
         full = start
@@ -360,6 +387,8 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
                 state.budget.progress = progress.copy()
         del trail[start:]
         self._terminated = terminated
+        if self._plain is not None:  # gone back, maybe into a string: its next fill is tried
+            self._try_at = state.consumed
 
     def _take_lightly(self, token: int) -> bool | None:
         """Take ``token`` on the light path: True, or False where the engine refuses it (the row
@@ -381,6 +410,15 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
                 return None
         if not self._feed(token, False):
             return False
+        kinds = self._plain_tokens
+        if kinds is not None:
+            kind = kinds[token]  # 1: plain; 2: may open a string; 0: neither
+            if kind != 1:
+                self._same = None
+                self._try_at = state.consumed + 1 + LOOK_AFTER if kind else -1
+            elif self._same is not None:  # the next fill repeats this one's mask after a plain token
+                same = self._same
+                self._same = (same[0] + 1, same[1]) if same[0] == state.consumed else None
         assert self._matcher is not None
         self._matcher.accepted += 1
         self._trail.append((None, token, False, self._progress))
@@ -395,6 +433,7 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         return True
 
     def _accept(self, token: int, plan: bool = True) -> bool:
+        self._same = None
         ok = self._host.advance(self._state, token, plan)
         self._terminated = ok and token in self._state.stop_ids
         return ok
@@ -407,6 +446,7 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         position on the light path, whose plan is known to be nothing, is counted as planned),
         follows the token's text, then the engine takes the token directly. Elsewhere, and for a
         token the engine refuses (the engine left as it was), the core's own :meth:`_accept`."""
+        self._same = None
         state = self._state
         engine = state.engine
         gate = state.gate
@@ -526,14 +566,14 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
             return tokens[: self._valid_on_matcher(feed, rollback, tokens)]
         with host.lock:
             self._sync()
-            start, terminated = state.mark(), self._terminated
+            start, terminated, same = state.mark(), self._terminated, self._same
             valid = 0
             for token in tokens:
                 if self._terminated or not self._accept(token, plan=False):
                     break
                 valid += 1
             state.back_to(start)
-            self._terminated = terminated
+            self._terminated, self._same = terminated, same  # the row is where it stood
         return tokens[:valid]
 
     def _valid_on_matcher(
@@ -577,7 +617,13 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         alone = state.consumed < self._until and bitmask is host.checked
         if alone:  # the light path: the engine's mask alone (the module docstring), the row
             host.filled.add(id(state))  # written whatever the engine answers (EngineMatcher.fill_bitmask)
+            same = self._same
+            if same is not None and same[0] == state.consumed:
+                host.rows[batch_index] = same[1]  # type: ignore[index]  # made with host.checked
+                return
             self._fill(bitmask, batch_index, False)
+            if 0 <= self._try_at <= state.consumed:  # only ever set where _plain is
+                self._try_string(state.consumed, batch_index)
             return
         with host.lock:
             if self._until:  # 0 (read at this position: off the path) stays for the token's accept
@@ -585,6 +631,27 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
             self._sync()
             native = self._engine is not None and state.engine.matcher is self._matcher
             host.fill_into(state, bitmask, batch_index, self._fill if native else None)
+
+    def _try_string(self, consumed: int, batch_index: int) -> None:
+        """Keep the mask just filled at position ``consumed`` as :attr:`_same` where it allows
+        every plain string token inside a call."""
+        self._try_at = -1
+        plain, rows = self._plain, self._host.rows
+        assert plain is not None and rows is not None
+        mask = rows[batch_index]
+        if plain.allowed_by(mask) and self._in_call():
+            self._same = (consumed, mask.copy())
+
+    def _in_call(self) -> bool:
+        """Whether the row stands inside a call's body: given on the in-call path; taken anywhere,
+        read from its text since the last clean point (the follower's, then the light tokens' it
+        has not had), the follower left as it is."""
+        if not self._anywhere:
+            return True
+        state = self._state
+        follower = state.gate.follower
+        tail = reader_of(state.dialect).read_tail(follower.text + "".join(self._lag))
+        return tail.open is not None and tail.open.kind == "call" and not tail.end_begun
 
     def is_terminated(self) -> bool:
         back = self._back
@@ -613,8 +680,14 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
             self._back = 0
             self._lag.clear()
             self._until = -1
+            self._same = None
             self._state.back_to(self._initial)
             self._terminated = False
+
+
+LOOK_AFTER = 3
+"""Plain tokens after one that is not plain before a fill is tried as a string's repeating mask
+(:attr:`HostedGrammar._same`)."""
 
 
 def _unread(*_: object) -> NoReturn:

@@ -16,6 +16,13 @@ Direct = tuple[Callable[[int, bool], bool], Callable[[torch.Tensor, int, bool], 
 """An engine matcher's own accept, fill and rollback (:meth:`EngineMatcher.direct`)."""
 
 
+KEY_CHARACTERS_MAX = 4096
+"""The most characters all of a turn's property names may hold where its matchers' masks repeat
+inside strings (:attr:`EngineMatcher.strings_repeat`): a key's mask allows only the tokens that
+spell its next characters, so where the vocabulary has more plain string tokens than this, no
+key's mask allows them all."""
+
+
 class EngineMatcher(ABC):
     """Per-request matcher state for one compiled grammar."""
 
@@ -48,6 +55,13 @@ class EngineMatcher(ABC):
         every fill and every rollback)."""
         accept, fill = self.accept_token, self.fill_bitmask
         return (lambda token, _: accept(token)), (lambda bitmask, row, _: fill(bitmask, row)), self.rollback
+
+    strings_repeat: bool = False
+    """Whether, inside a call, a mask that allows every plain string token (whole characters, no
+    quote, backslash or control character: :meth:`ConstraintCore.string_plain`) is the mask again
+    after such a token. It is where the matcher can only stand inside unbounded string values:
+    the rest of the language is then the same after more plain characters, and so is the mask. An
+    engine grammar says so only where it knows its turn's schemas allow nothing else there."""
 
     @property
     def batchable(self) -> Any:

@@ -30,7 +30,13 @@ import xgrammar as xgr
 from xgrammar.base import _core
 
 from hermes_vllm.grammar.cache import GrammarCache
-from hermes_vllm.grammar.engines.base import Direct, EngineGrammar, EngineMatcher, GrammarEngine
+from hermes_vllm.grammar.engines.base import (
+    KEY_CHARACTERS_MAX,
+    Direct,
+    EngineGrammar,
+    EngineMatcher,
+    GrammarEngine,
+)
 from hermes_vllm.grammar.engines.composed import (
     PLACEHOLDER,
     ComposedGrammar,
@@ -304,8 +310,9 @@ def _readable_errors() -> Iterator[None]:
 
 
 class XGrammarMatcher(EngineMatcher):
-    def __init__(self, matcher: xgr.GrammarMatcher) -> None:
+    def __init__(self, matcher: xgr.GrammarMatcher, strings_repeat: bool = False) -> None:
         self.inner = matcher
+        self.strings_repeat = strings_repeat
 
     def accept_token(self, token_id: int) -> bool:
         return bool(self.inner.accept_token(token_id))
@@ -333,15 +340,57 @@ class XGrammarMatcher(EngineMatcher):
 
 
 class XGrammarGrammar(EngineGrammar):
-    def __init__(self, compiled: xgr.CompiledGrammar) -> None:
+    def __init__(self, compiled: xgr.CompiledGrammar, strings_repeat: bool = False) -> None:
         self.compiled = compiled
+        self.strings_repeat = strings_repeat
+        """:attr:`EngineMatcher.strings_repeat` of its matchers (:func:`strings_repeat`)."""
 
     @property
     def memory_bytes(self) -> int:
         return int(self.compiled.memory_size_bytes * RESIDENT_PER_COUNTED_BYTE)
 
     def matcher(self, stop_token_ids: Sequence[int]) -> XGrammarMatcher:
-        return XGrammarMatcher(xgr.GrammarMatcher(self.compiled, override_stop_tokens=list(stop_token_ids)))
+        matcher = xgr.GrammarMatcher(self.compiled, override_stop_tokens=list(stop_token_ids))
+        return XGrammarMatcher(matcher, self.strings_repeat)
+
+
+_BOUNDING = frozenset({"minLength", "maxLength", "pattern", "format", "enum", "const", "uniqueItems"})
+"""Keywords under which a string's mask changes as plain characters are written (a count, a
+pattern's state, a literal), or that put a guard beside the engine."""
+
+
+def strings_repeat(turn: TurnSpec) -> bool:
+    """Whether inside the turn's calls a mask allowing every plain string token can only stand
+    inside unbounded string values (:attr:`EngineMatcher.strings_repeat`).
+
+    JSON's syntax puts a position inside a key or inside a value whatever the schema. A value
+    string under no length, pattern, format or literal is a loop whose rest is the same after any
+    plain characters; every other value accepts only its own characters (numbers, literals,
+    whitespace). A key is a fixed name where every object names its keys (strict mode, no
+    ``additionalProperties`` or ``patternProperties``), and such a key's mask allows no more
+    tokens than its characters (:data:`KEY_CHARACTERS_MAX`). A schema without a type (any JSON
+    value) brings objects of free keys beside others: refused, as is anything this walk does not
+    know."""
+    keys = 0
+    for tool in turn.tools:
+        for _, schema in iter_subschemas(canonical_value(tool.parameters)):
+            if not _BOUNDING.isdisjoint(schema) or "patternProperties" in schema or "propertyNames" in schema:
+                return False
+            if schema.get("additionalProperties", False) is not False:
+                return False
+            if "type" not in schema and not ({"anyOf", "oneOf", "allOf", "$ref"} & schema.keys()):
+                return False
+            if "object" in _types(schema) and "properties" not in schema:
+                return False
+            if "array" in _types(schema) and not isinstance(schema.get("items"), dict):
+                return False
+            keys += sum(len(name) for name in schema.get("properties") or {})
+    return keys <= KEY_CHARACTERS_MAX
+
+
+def _types(schema: dict[str, Any]) -> tuple[str, ...]:
+    kind = schema.get("type")
+    return (kind,) if isinstance(kind, str) else tuple(kind) if isinstance(kind, list) else ()
 
 
 def _refuse_raw_patterns(turn: TurnSpec) -> None:
@@ -430,7 +479,7 @@ class XGrammarEngine(GrammarEngine):
         _refuse_raw_patterns(turn)
         if composable(turn, self.vocab, get_limits().compose_min_tools):
             return self._composed(turn)
-        return XGrammarGrammar(self._compile_ebnf(turn_ebnf(turn)))
+        return XGrammarGrammar(self._compile_ebnf(turn_ebnf(turn)), strings_repeat(turn))
 
     def _compile_ebnf(self, ebnf: str) -> xgr.CompiledGrammar:
         with _readable_errors():
