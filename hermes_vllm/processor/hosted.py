@@ -245,10 +245,11 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         every plain string token is the mask again after a plain token taken lightly (inside an
         unbounded string value), so that fill copies it instead of asking the engine."""
         self._try_at = -1
-        """The position from which the next fill is tried as such a mask (-1: none): :data:`LOOK_AFTER` plain
-        tokens after one that may open a string (:attr:`PlainStrings.opening`), so that a short
-        string (a name, a city) is over before trying would pay; at once where the row enters the
-        in-call path (it may stand inside a string)."""
+        """The position from which the next fill is tried as such a mask (-1: none):
+        :data:`LOOK_AFTER` plain tokens after one that may open a string value
+        (:attr:`PlainStrings.kinds`), so that a short string (a name, a city) is over before
+        trying would pay; at once where the row enters the in-call path or goes back (it may
+        stand inside a string)."""
         with host.lock:  # read here, on vLLM's compile thread, not by the first fill
             self._refresh()
 
@@ -278,13 +279,13 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
             self._feed, self._fill, self._rollback = (_unread,) * 3 if engine is None else engine.direct()
         self._until, self._matcher, self._engine, self._watched = until, matcher, engine, watched
         self._anywhere = anywhere
-        # A row entering the in-call path may stand inside a string: its next fill is tried.
         repeats = until and engine is not None and engine.strings_repeat
         # Taken anywhere, a row without a budget follows no text: where it stands is not read.
         repeats = repeats and not (anywhere and state.budget is None)
         self._plain = core.string_plain(state.dialect.tool_call.end[0]) if repeats else None
         self._plain_tokens = None if self._plain is None else self._plain.kinds
         self._same = None
+        # A row entering the in-call path may stand inside a string: its next fill is tried.
         self._try_at = -1 if anywhere or self._plain is None else state.consumed
         if until:
             if not anywhere:
@@ -686,8 +687,8 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
 
 
 LOOK_AFTER = 3
-"""Plain tokens after one that is not plain before a fill is tried as a string's repeating mask
-(:attr:`HostedGrammar._same`)."""
+"""Plain tokens after one that may open a string value before a fill is tried as the string's
+repeating mask (:attr:`HostedGrammar._same`)."""
 
 
 def _unread(*_: object) -> NoReturn:
