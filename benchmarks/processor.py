@@ -165,8 +165,11 @@ def end_to_end(
     each, in rotating order, so the shared machine's drift hits every configuration alike. Each
     figure is a ratio to "off" (the median of the per-pass ratios, with their range), per wall
     second and per CPU second of the server and its engine core (the steadier figure on a shared
-    machine). Each is also given as a ratio to vLLM's own constraint, pass by pass; ``passes``
-    keeps every (tokens, wall seconds, CPU seconds).
+    machine). Each is also given as a ratio to vLLM's own constraint, pass by pass, and per call
+    made (``_calls``: the replies' parsed tool calls) as well as per output token: where the
+    servers write replies of different lengths (the trained model), a token is not the same work
+    on both, and a ``required`` request's unit is its call. ``passes`` keeps every (tokens, wall
+    seconds, CPU seconds, calls).
     """
     import asyncio
     from contextlib import ExitStack
@@ -192,33 +195,37 @@ def end_to_end(
 
     tool_choice: Any = choice
 
-    async def burst(url: str, requests: int, seed0: int) -> tuple[int, float, float]:
-        client = AsyncOpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600)
+    async def burst(url: str, requests: int, seed0: int) -> tuple[int, float, float, int]:
         slots = asyncio.Semaphore(concurrency)
+        # Closed inside the burst's loop (asyncio.run closes it; a client left to the collector
+        # would close its connections on a closed loop).
+        async with AsyncOpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600) as client:
 
-        async def one(seed: int) -> int:
-            messages, tools = asked[seed % len(asked)]
-            async with slots:
-                reply = await client.chat.completions.create(
-                    model=model,
-                    messages=messages,
-                    tools=tools,
-                    tool_choice=tool_choice,
-                    max_tokens=max_tokens,
-                    temperature=0.0 if trained else 1.0,
-                    seed=seed,
-                    extra_body=extra,
-                )
-            return reply.usage.completion_tokens if reply.usage else 0
+            async def one(seed: int) -> tuple[int, int]:
+                messages, tools = asked[seed % len(asked)]
+                async with slots:
+                    reply = await client.chat.completions.create(
+                        model=model,
+                        messages=messages,
+                        tools=tools,
+                        tool_choice=tool_choice,
+                        max_tokens=max_tokens,
+                        temperature=0.0 if trained else 1.0,
+                        seed=seed,
+                        extra_body=extra,
+                    )
+                tokens = reply.usage.completion_tokens if reply.usage else 0
+                return tokens, len(reply.choices[0].message.tool_calls or ())
 
-        cpu, start = server_usage(url).cpu_seconds, time.perf_counter()
-        counts = await asyncio.gather(*(one(seed0 + i) for i in range(requests)))
-        wall = time.perf_counter() - start
-        return sum(counts), wall, server_usage(url).cpu_seconds - cpu
+            cpu, start = server_usage(url).cpu_seconds, time.perf_counter()
+            counts = await asyncio.gather(*(one(seed0 + i) for i in range(requests)))
+            wall = time.perf_counter() - start
+        tokens, calls = (sum(column) for column in zip(*counts, strict=True))
+        return tokens, wall, server_usage(url).cpu_seconds - cpu, calls
 
     servers = e2e_servers("qwen3" if trained else tokenizer_name)
     names = list(servers)
-    samples: dict[str, list[tuple[int, float, float]]] = {name: [] for name in names}
+    samples: dict[str, list[tuple[int, float, float, int]]] = {name: [] for name in names}
     with ExitStack() as stack:
         urls = {
             n: stack.enter_context(openai_server(model, (*servers[n], *CPU_ARGS), CPU_ENV)) for n in names
@@ -228,21 +235,33 @@ def end_to_end(
         for k in range(passes):
             for name in names[k % len(names) :] + names[: k % len(names)]:
                 samples[name].append(asyncio.run(burst(urls[name], concurrency * rounds, 1000 * k)))
-            rates = {n: [round(samples[n][-1][0] / x, 1) for x in samples[n][-1][1:]] for n in names}
+            rates = {n: [round(samples[n][-1][0] / x, 1) for x in samples[n][-1][1:3]] for n in names}
             print(json.dumps({"pass": k, "tok_per_wall_s, tok_per_cpu_s": rates}), flush=True)
     results = []
     for name in names:
-        row: dict[str, Any] = {"server": name, "tokens": sum(t for t, _, _ in samples[name])}
+        row: dict[str, Any] = {
+            "server": name,
+            "tokens": sum(sample[0] for sample in samples[name]),
+            "calls": sum(sample[3] for sample in samples[name]),
+        }
         for i, unit in ((1, "wall"), (2, "cpu")):
             seconds = sum(sample[i] for sample in samples[name])
             row |= {f"{unit}_s": round(seconds, 2), f"tok_per_{unit}_s": round(row["tokens"] / seconds, 1)}
+            # Per output token, and per call made (a `required` workload's unit: where the servers
+            # write replies of different lengths, a token is not the same work on both).
             for peer in ("off", "vllm_strict"):
-                pairs = zip(samples[name], samples[peer], strict=True)
-                ratios = [(mine[0] / mine[i]) / (other[0] / other[i]) for mine, other in pairs]
-                row |= {
-                    f"x_{peer}_{unit}": round(statistics.median(ratios), 3),
-                    f"x_{peer}_{unit}_range": [round(min(ratios), 3), round(max(ratios), 3)],
-                }
+                for count, suffix in ((0, ""), (3, "_calls")):
+                    pairs = zip(samples[name], samples[peer], strict=True)
+                    ratios = [
+                        (mine[count] / mine[i]) / (other[count] / other[i])
+                        for mine, other in pairs
+                        if other[count]
+                    ]
+                    if ratios:
+                        row |= {
+                            f"x_{peer}_{unit}{suffix}": round(statistics.median(ratios), 3),
+                            f"x_{peer}_{unit}{suffix}_range": [round(min(ratios), 3), round(max(ratios), 3)],
+                        }
         row["passes"] = [list(sample) for sample in samples[name]]
         results.append(row)
     print(json.dumps(results), flush=True)

@@ -81,6 +81,36 @@ def test_equal_folds_are_written_once_and_kept_rules_are_left_alone() -> None:
     assert ("basic_x", '(("," w{0, 1} ":"))') in folded
 
 
+def test_a_string_joins_the_gap_after_it_and_what_follows() -> None:
+    """Inside a string whose rule is followed by a gap's rule, xgrammar re-checks every token that
+    closes the string at each fill (``benchmarks/README.md``): the string, the gap and the element
+    after it become one rule, and the language is kept."""
+    ebnf = (
+        'root ::= (("{" w{0, 1} basic_string w{0, 1} "}") | ("[" basic_string o "," basic_string "]"))\n'
+        "w ::= (([ \\t\\n\\r]))\n"
+        'o ::= ("" | ([ \\n\\r\\t]))\n'
+        'basic_string ::= (("\\"" [a-z]* "\\""))\n'
+    )
+    folded = fold_gaps(ebnf, lambda name: name.startswith("basic_"))
+    bodies = dict(split_rules(folded))
+    joined = {body: name for name, body in bodies.items()}
+    closing = joined['((basic_string "}") | (basic_string [ \\t\\n\\r] "}"))']
+    comma = joined['((basic_string ",") | (basic_string [ \\t\\n\\r] ","))']
+    opening = joined[f"(({closing}) | ([ \\t\\n\\r] {closing}))"]
+    assert bodies["root"] == f'(("{{" {opening}) | ("[" {comma} basic_string "]"))'
+    for text in (
+        '{"a"}',
+        '{ "a" }',
+        '{"a"\n}',
+        '{  "a"}',
+        '{"a"  }',
+        '["a","b"]',
+        '["a" ,"b"]',
+        '["a"  ,"b"]',
+    ):
+        assert _accepts(folded, text) == _accepts(ebnf, text), text
+
+
 EQUAL = (
     'root ::= ((a c "z") | (basic_k basic_m) | (e))\n'
     'a ::= (("x" b))\n'
@@ -137,25 +167,28 @@ def _bfcl_tools_and_calls(count: int) -> tuple[list[dict[str, Any]], list[str]]:
 
 
 def test_merging_equal_rules_keeps_every_mask_over_bfcl_tools(tokenizer_131k: Any) -> None:
-    """The engine's grammar (rules merged) and the same grammar unmerged allow the same tokens at
-    every position of BFCL's ground-truth calls, either key order, and of broken copies of them."""
+    """The engine's grammar (gaps folded, strings joined, rules merged), the same grammar
+    unmerged and xgrammar's own print of it (nothing folded) allow the same tokens at every
+    position of BFCL's ground-truth calls, either key order, and of broken copies of them."""
     compiler = ToolGrammarCompiler(tokenizer_131k, coverage="lenient")
     tools, texts = _bfcl_tools_and_calls(60)
     spec = compiler.prepare(tools).spec
     merged = compiler.engine.compile(spec).compiled
-    plain = xgr.GrammarCompiler(compiler.vocab.tokenizer_info, cache_enabled=False).compile_grammar(
+    plain_compiler = xgr.GrammarCompiler(compiler.vocab.tokenizer_info, cache_enabled=False)
+    plain = plain_compiler.compile_grammar(
         xgr.Grammar.from_ebnf(fold_gaps(turn_ebnf(spec), xgrammar_engine._is_basic))
     )
-    masks = allocate_bitmask(2, compiler.vocab.vocab_size)
+    printed = plain_compiler.compile_grammar(xgr.Grammar.from_ebnf(turn_ebnf(spec)))
+    masks = allocate_bitmask(3, compiler.vocab.vocab_size)
     rejected = 0
     for text in texts:
-        matchers = [xgr.GrammarMatcher(g) for g in (merged, plain)]
+        matchers = [xgr.GrammarMatcher(g) for g in (merged, plain, printed)]
         for token in tokenizer_131k.encode(text, add_special_tokens=False):
             for row, matcher in enumerate(matchers):
                 matcher.fill_next_token_bitmask(masks, row)
-            assert bool((masks[0] == masks[1]).all()), text
+            assert bool((masks[0] == masks[1]).all()) and bool((masks[0] == masks[2]).all()), text
             accepted = [m.accept_token(token) for m in matchers]
-            assert accepted[0] == accepted[1], text
+            assert accepted[0] == accepted[1] == accepted[2], text
             if not accepted[0]:
                 rejected += 1
                 break

@@ -561,7 +561,7 @@ def _native_fills(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     from hermes_vllm.grammar.engines import xgrammar
 
     count = [0]
-    direct = xgrammar.XGrammarMatcher.direct
+    direct, fill_rows = xgrammar.XGrammarMatcher.direct, xgrammar.XGrammarMatcher.fill_rows
 
     def counted(self: Any) -> Any:
         accept, fill, rollback = direct(self)
@@ -572,7 +572,17 @@ def _native_fills(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
         return accept, fill_counted, rollback
 
+    def rows_counted(self: Any, bitmask: torch.Tensor) -> Any:
+        fill = fill_rows(self, bitmask)
+
+        def fill_counted(row: int, debug: bool) -> Any:
+            count[0] += 1
+            return fill(row, debug)
+
+        return fill_counted
+
     monkeypatch.setattr(xgrammar.XGrammarMatcher, "direct", counted)
+    monkeypatch.setattr(xgrammar.XGrammarMatcher, "fill_rows", rows_counted)
     return count
 
 
@@ -609,6 +619,32 @@ def test_a_string_values_plain_tokens_repeat_its_mask_instead_of_asking_the_engi
                 play_drafts(row, tokens, masks, width, random.Random(7), wrong)
                 fills.append(native[0])
         assert fills[1] <= fills[0] - city // 3, (fills, city)
+
+
+@pytest.mark.parametrize("choice", ["auto", "required"])
+def test_a_row_bound_to_one_bitmask_fills_another_where_it_is_given_one(tokenizer: Any, choice: str) -> None:
+    """A hosted row binds its light path's fill to vLLM's bitmask (``EngineMatcher.fill_rows``:
+    xgrammar's FFI view of it) and copies repeated string masks into it; given another bitmask,
+    it fills that one, copies included, every row the core's mask."""
+    from vllm import SamplingParams
+
+    from hermes_vllm.processor.hosted import RowHost
+
+    width = len(tokenizer)
+    core = ConstraintCore(lambda: tokenizer, width, engine="xgrammar")
+    args = constraint_args([TOOL], choice)
+    text = f'<tool_call>\n{{"name": "get_weather", "arguments": {{"city": "{LONG_CITY}"}}}}\n</tool_call>'
+    tokens, masks = scripted_turn(core, tokenizer, args, text, 400)
+    row = RowHost(core, window=4).grammar(SamplingParams(max_tokens=400, extra_args=args))
+    bitmasks = [torch.zeros((3, masks[0].numel()), dtype=torch.int32) for _ in range(2)]
+    rng = random.Random(3)
+    for i, token in enumerate(tokens):
+        bitmask = bitmasks[rng.randrange(2)]
+        bitmask.fill_(0x5A5A5A5A)
+        row.fill_bitmask(bitmask, 1)
+        assert torch.equal(bitmask[1], masks[i]), f"mask at {i}"
+        assert row.accept_tokens("r", [token])
+    assert row.is_terminated()
 
 
 def test_a_bounded_string_is_filled_by_the_engine_at_every_position(

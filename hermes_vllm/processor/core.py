@@ -103,11 +103,14 @@ class PlainStrings:
     """A few words of :attr:`words` that hold plain tokens only, spread over the vocabulary: a
     mask that does not allow them all (a key, a literal, a number) refuses some of these."""
 
-    def allowed_by(self, mask: np.ndarray) -> bool:
-        """Whether the packed mask row ``mask`` allows every plain token."""
-        if any(mask.item(w) != -1 for w in self.probe):
-            return False
-        return bool((mask & self.words).tobytes() == self.words.tobytes())
+    def allowed_by(self, rows: np.ndarray, row: int) -> bool:
+        """Whether the packed mask ``rows[row]`` allows every plain token (the probe words read
+        from ``rows`` itself: most masks tried are refused there, before a row is viewed)."""
+        item = rows.item
+        for word in self.probe:
+            if item(row, word) != -1:
+                return False
+        return bool((rows[row] & self.words).tobytes() == self.words.tobytes())
 
 
 _STRUCTURE = re.compile(r'[,:{}\[\]"\x00-\x1f]')
@@ -507,9 +510,10 @@ class ConstraintCore:
 
         def build() -> PlainStrings | None:
             size = len(vocab.latin1)
+            text, opens = self._string_pieces()
             plain = np.frombuffer(self._plain_tokens(end, None), dtype=np.uint8).astype(bool)
             plain &= ~self.index.holding_any(_STRING_BREAKS)[:size]
-            plain &= np.fromiter(map(_utf8_text, vocab.latin1), dtype=bool, count=size)
+            plain &= text
             plain[[t for t in vocab.tokenizer_info.special_token_ids if 0 <= t < size]] = False
             if int(plain.sum()) <= KEY_CHARACTERS_MAX:
                 return None
@@ -523,12 +527,26 @@ class ConstraintCore:
                 else ()
             )
             kinds = plain.astype(np.uint8)
-            kinds[[t for t, piece in enumerate(vocab.latin1) if _may_open_string(piece)]] = 2
+            kinds[opens] = 2
             return PlainStrings(bytes(kinds.tobytes()), words, probe)
 
         found: PlainStrings | None = vocab.table(f"string plain {end!r} {self.vocab_size}", build)
         self._plain_strings[end] = found
         return found
+
+    def _string_pieces(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per token, whether it is whole UTF-8 text (:func:`_utf8_text`) and whether it may open
+        a string value (:func:`_may_open_string`): the two Python passes over the vocabulary that
+        :meth:`string_plain` needs, made once for every dialect's closing character."""
+        vocab = self.compiler.vocab
+
+        def build() -> tuple[np.ndarray, np.ndarray]:
+            size = len(vocab.latin1)
+            text = np.fromiter(map(_utf8_text, vocab.latin1), dtype=bool, count=size)
+            opens = np.fromiter(map(_may_open_string, vocab.latin1), dtype=bool, count=size)
+            return text, opens
+
+        return vocab.table("string pieces", build)
 
     def start_engine(self, state: RowState) -> None:
         """Build an engine-only row's matcher now, its grammar compiled (its first fill would:

@@ -92,11 +92,11 @@ class RowHost:
         self.window = window
         self.lock = threading.Lock()
         self.checked: torch.Tensor | None = None
-        """The last bitmask found alike the core's (a row on the light path fills only this one)."""
+        """The last bitmask found alike the core's."""
         self.rows: np.ndarray | None = None
-        """:attr:`checked` as numpy rows (made once a bitmask, not once a fill)."""
+        """:attr:`checked` as numpy rows (made once a bitmask, not once a row: it costs a few fills)."""
         self.filled: set[int] = set()
-        """The rows (by their state's id) filled in the step under way (:meth:`step`)."""
+        """The rows (by id: none is kept alive) filled in the step under way (:meth:`step`)."""
         core.log_refusals = False  # a refused draft's row is put back (HostedGrammar.accept_tokens)
 
     @contextlib.contextmanager
@@ -143,15 +143,7 @@ class RowHost:
         the row cannot be filled in place (vLLM keeps one bitmask: it is checked once). One row,
         so :meth:`ConstraintCore.fill`'s batch is skipped: the row's decision, then its mask."""
         core = self.core
-        self.filled.add(id(state))
-        if bitmask is not self.checked:
-            own = core.bitmask
-            if bitmask.shape[1] != own.shape[1] or bitmask.dtype != own.dtype:
-                raise ValueError(
-                    f"vLLM's bitmask ({bitmask.shape[1]} {bitmask.dtype} words a row) is not the "
-                    f"hermes-vllm core's ({own.shape[1]} {own.dtype})"
-                )
-            self.checked, self.rows = bitmask, bitmask.numpy()
+        self.check(bitmask)
         kind, plan = core.decide(state)
         if kind is Fill.ENGINE:  # the row written whatever the engine answers (EngineMatcher.fill_bitmask)
             assert state.engine.matcher is not None
@@ -163,6 +155,17 @@ class RowHost:
             bitmask[row].fill_(-1)
         else:
             core.fill_decided(bitmask, row, state, kind, plan, core.vocab_size)
+
+    def check(self, bitmask: torch.Tensor) -> None:
+        """Make ``bitmask`` (vLLM's) :attr:`checked`: sized and typed as the core's own."""
+        if bitmask is not self.checked:
+            own = self.core.bitmask
+            if bitmask.shape[1] != own.shape[1] or bitmask.dtype != own.dtype:
+                raise ValueError(
+                    f"vLLM's bitmask ({bitmask.shape[1]} {bitmask.dtype} words a row) is not the "
+                    f"hermes-vllm core's ({own.shape[1]} {own.dtype})"
+                )
+            self.checked, self.rows = bitmask, bitmask.numpy()
 
     @cached_property
     def drafter(self) -> ForcedDrafts:
@@ -217,6 +220,12 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         self._feed: Callable[[int, bool], bool] = _unread
         self._fill: Callable[[torch.Tensor, int, bool], bool] = _unread
         self._rollback: Callable[[int], None] = _unread
+        self._bound: torch.Tensor | None = None
+        """The bitmask the light path fills (vLLM's: the same at every step), bound at the row's
+        first fill there: :attr:`_fill_row` is :attr:`_engine`'s fill into it alone
+        (:meth:`EngineMatcher.fill_rows`), :attr:`_rows` its numpy view."""
+        self._fill_row: Callable[[int, bool], bool] = _unread
+        self._rows: np.ndarray | None = None
         self._anywhere = False
         """Whether the light path holds whatever the row writes (tags included), not only while it
         lengthens its call (:meth:`ConstraintCore.engine_alone_until`): its text is then followed
@@ -277,6 +286,7 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
             until, watched, anywhere = core.engine_alone_until(state)
         if engine is not self._engine:
             self._feed, self._fill, self._rollback = (_unread,) * 3 if engine is None else engine.direct()
+            self._bound = None
         self._until, self._matcher, self._engine, self._watched = until, matcher, engine, watched
         self._anywhere = anywhere
         repeats = until and engine is not None and engine.strings_repeat
@@ -610,19 +620,23 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
 
     def fill_bitmask(self, bitmask: torch.Tensor, batch_index: int) -> None:
         host = self._host
+        host.filled.add(id(self))
         if self._back or self._until < 0:
             with host.lock:
                 self._go_back()
                 self._refresh()
         state = self._state
-        alone = state.consumed < self._until and bitmask is host.checked
-        if alone:  # the light path: the engine's mask alone (the module docstring), the row
-            host.filled.add(id(state))  # written whatever the engine answers (EngineMatcher.fill_bitmask)
+        if state.consumed < self._until:  # the light path: the engine's mask alone (the module
+            if bitmask is not self._bound:  # docstring), the row written whatever the engine answers
+                host.check(bitmask)
+                assert self._engine is not None
+                self._bound, self._rows = bitmask, host.rows
+                self._fill_row = self._engine.fill_rows(bitmask)
             same = self._same
             if same is not None and same[0] == state.consumed:
-                host.rows[batch_index] = same[1]  # type: ignore[index]  # made with host.checked
+                self._rows[batch_index] = same[1]  # type: ignore[index]  # bound with _bound
                 return
-            self._fill(bitmask, batch_index, False)
+            self._fill_row(batch_index, False)
             if 0 <= self._try_at <= state.consumed:  # only ever set where _plain is
                 self._try_string(state.consumed, batch_index)
             return
@@ -637,11 +651,10 @@ class HostedGrammar(StructuredOutputGrammar):  # type: ignore[misc]
         """Keep the mask just filled at position ``consumed`` as :attr:`_same` where it allows
         every plain string token inside a call."""
         self._try_at = -1
-        plain, rows = self._plain, self._host.rows
+        plain, rows = self._plain, self._rows
         assert plain is not None and rows is not None
-        mask = rows[batch_index]
-        if plain.allowed_by(mask) and self._in_call():
-            self._same = (consumed, mask.copy())
+        if plain.allowed_by(rows, batch_index) and self._in_call():
+            self._same = (consumed, rows[batch_index].copy())
 
     def _in_call(self) -> bool:
         """Whether the row stands inside a call's body: given on the in-call path; taken anywhere,

@@ -56,6 +56,13 @@ class EngineMatcher(ABC):
         accept, fill = self.accept_token, self.fill_bitmask
         return (lambda token, _: accept(token)), (lambda bitmask, row, _: fill(bitmask, row)), self.rollback
 
+    def fill_rows(self, bitmask: torch.Tensor) -> Callable[[int, bool], bool]:
+        """:meth:`fill_bitmask` into ``bitmask`` alone, called as ``(row, False)`` (as
+        :meth:`direct`'s fill): for a caller that fills the same bitmask at every step, so that
+        an engine may take it in its own form once, not on every fill."""
+        fill = self.fill_bitmask
+        return lambda row, _: fill(bitmask, row)
+
     strings_repeat: bool = False
     """Whether, inside a call, a mask that allows every plain string token (whole characters, no
     quote, backslash or control character: :meth:`ConstraintCore.string_plain`) is the mask again

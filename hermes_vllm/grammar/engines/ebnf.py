@@ -9,7 +9,8 @@ crossing-grammar cache hits such a rule by shape but then re-checks every one of
 against what follows in this grammar, a large share of a cold compile (docs/architecture.md, "The
 turn grammar"). ``A gap B`` becomes
 ``A g`` with ``g ::= B | ws B``: what follows the whitespace is known inside ``g``, so those
-tokens are settled while its masks are built.
+tokens are settled while its masks are built. After a string (:data:`STRING`) the string joins
+the rule too, for its fills' sake.
 """
 
 from __future__ import annotations
@@ -85,16 +86,23 @@ def fold_gaps(ebnf: str, keep: Callable[[str], bool] = lambda name: False) -> st
     taken = {name for name, _ in rules}
     folded: dict[str, str] = {}  # body -> name of the rule holding it
 
+    def joined(gap: str, before: list[str], after: str) -> str:
+        """The rule ``before gap after`` (``before`` maybe empty), one alternative per count."""
+        cls, most = gaps[gap]
+        body = "(" + " | ".join(f"({' '.join([*before, *[cls] * n, after])})" for n in range(most + 1)) + ")"
+        if body not in folded:
+            folded[body] = _fresh("gap", taken)
+        return folded[body]
+
     def fold(elements: list[str]) -> list[str]:
+        elements = list(elements)
+        for i in range(len(elements) - 3, -1, -1):  # a string, its gap, what follows: one rule
+            if elements[i] == STRING and elements[i + 1] in gaps:
+                elements[i : i + 3] = [joined(elements[i + 1], [STRING], elements[i + 2])]
         out: list[str] = []
         for element in reversed(elements):
             if element in gaps and out:
-                cls, most = gaps[element]
-                after = out.pop()
-                body = "(" + " | ".join(f"({' '.join([cls] * n + [after])})" for n in range(most + 1)) + ")"
-                if body not in folded:
-                    folded[body] = _fresh("gap", taken)
-                element = folded[body]
+                element = joined(element, [], out.pop())
             out.append(element)
         return out[::-1]
 
@@ -109,6 +117,12 @@ def fold_gaps(ebnf: str, keep: Callable[[str], bool] = lambda name: False) -> st
         result.append((name, body))
     return join_rules(result + [(name, body) for body, name in folded.items()])
 
+
+STRING = "basic_string"
+"""xgrammar's rule of an unbounded JSON string. The gap after one is folded into a rule with the
+string and the element after the gap (``S gap B`` becomes ``g ::= S B | S ws B``): where the
+string's rule is followed by a rule, not by a literal, every token that closes the string and
+goes on is checked again at each fill inside it, an eighth of such a fill (``benchmarks/README.md``)."""
 
 _REPEATED = re.compile(r"\{0, ?(\d+)\}")
 _OPTIONAL_CLASS = re.compile(r'\(""\s*\|\s*\((\[[^\]]*\])\)\)')

@@ -22,10 +22,11 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
-from functools import cache
+from functools import cache, lru_cache, partial
 from typing import Any
 
 import torch
+import tvm_ffi
 import xgrammar as xgr
 from xgrammar.base import _core
 
@@ -333,10 +334,23 @@ class XGrammarMatcher(EngineMatcher):
         handle = self.inner._handle  # the native matcher behind xgrammar's Python class
         return handle.accept_token, handle.fill_next_token_bitmask, handle.rollback
 
+    def fill_rows(self, bitmask: torch.Tensor) -> Callable[[int, bool], bool]:
+        """The native fill bound to ``bitmask`` as xgrammar's FFI tensor (:func:`_ffi_view`)."""
+        return partial(self.inner._handle.fill_next_token_bitmask, _ffi_view(bitmask))
+
     @property
     def batchable(self) -> Any:
         """The xgrammar matcher's FFI handle: the batched calls take it (:func:`batch_fill`)."""
         return self.inner._handle
+
+
+@lru_cache(maxsize=1)
+def _ffi_view(bitmask: torch.Tensor) -> Any:
+    """``bitmask`` as xgrammar's FFI tensor. A torch tensor is converted through DLPack on every
+    native call, a fifth of a fill inside a string (``benchmarks/README.md``); the view shares its
+    memory and keeps it alive. vLLM fills one bitmask for its life, so the last view is kept
+    (tensors hash by identity) and each row's first fill converts nothing."""
+    return tvm_ffi.from_dlpack(bitmask)
 
 
 class XGrammarGrammar(EngineGrammar):
