@@ -115,6 +115,39 @@ def test_every_completion_is_accepted_by_the_engine_and_closes_the_call(tokenize
     assert walk_and_complete(compiler, sample_tool_sets(40), 4, '"{}[],:0123456789', 0.5, 80, 0) >= 100
 
 
+FREE_TOOL = {
+    "name": "stats",
+    "parameters": {"type": "object", "properties": {"grades": {"type": "object"}}, "required": ["grades"]},
+}
+
+
+@pytest.mark.parametrize("depth", [30, 2000])
+def test_a_free_value_nested_past_any_bound_is_completed_as_the_engine_accepts(
+    tokenizer: Any, depth: int
+) -> None:
+    """A free-form object (no properties) lets a model nest its values as deep as its tokens
+    allow: the trained model nested one past a hundred levels under ``max_call_whitespace=0``, the
+    completer (reading 24 levels) found no completion and the budget left the call cut. Read at
+    any depth (past Python's recursion limit too), the completion closes the call on the engine,
+    from inside a key and from inside a value."""
+    compiler = ToolGrammarCompiler(tokenizer, engine="xgrammar")
+    grammar = compiler.compile([FREE_TOOL], "required")
+    completer = CallCompleter(grammar.spec.dialect, [(t.name, t.parameters) for t in grammar.spec.tools])
+    latin1 = compiler.vocab.latin1
+    speller = Speller(latin1, compiler.vocab.stop_token_ids)
+    nested = '<tool_call>{"name": "stats", "arguments": {"grades": {"a": ' + '[{"k": [1, ' * depth
+    for written in (nested + '{"ke', nested + '{"key": tr', nested + '{"key": -'):
+        completion = completer.complete(written)
+        assert completion is not None, written[-40:]
+        matcher = grammar.matcher(gated=False)
+        rest = (written + completion).encode("utf-8").decode("latin-1")
+        while rest:
+            token = speller.prefixes(rest)[0]
+            assert matcher.accept_token(token), rest[:40]
+            rest = rest[len(latin1[token]) :]
+        assert matcher.can_end(), completion[-40:]
+
+
 PATTERN_TOOL = {
     "name": "book",
     "parameters": {

@@ -72,10 +72,16 @@ def runs(tiny_model: Path) -> dict[str, Any]:
     gc.collect()
     llm = offline_llm(tiny_model, speculative_config=NGRAM, disable_log_stats=False)
     try:
+        looks = ("hermes_vllm:grammar_cache_hits", "hermes_vllm:grammar_cache_misses")
+        before = sum(counter(llm, name) for name in looks)
         drafted = generate(llm)
         accepted = counter(llm, "vllm:spec_decode_num_accepted_tokens")
         drafts = counter(llm, "vllm:spec_decode_num_draft_tokens")
-        yield {"reference": reference, "drafted": drafted, "accepted": accepted, "drafts": drafts, "llm": llm}
+        cache = sum(counter(llm, name) for name in looks) - before
+        yield {
+            "reference": reference, "drafted": drafted, "accepted": accepted, "drafts": drafts,
+            "cache": cache, "llm": llm,
+        }  # fmt: skip
     finally:
         (handshake.ensure_dir() / f"{speculative.RUNNER}-{os.getpid()}.json").unlink(missing_ok=True)
 
@@ -106,6 +112,13 @@ def test_drafted_calls_are_valid_and_required_turns_get_theirs(runs: dict[str, A
 def test_drafts_are_accepted_and_greedy_text_is_the_text_without_drafts(runs: dict[str, Any]) -> None:
     assert runs["drafts"] > 0 and runs["accepted"] > 0, runs
     assert [t for t, _ in runs["drafted"]] == [t for t, _ in runs["reference"]]
+
+
+@pytest.mark.engine
+def test_each_drafted_request_is_one_grammar_cache_hit_or_miss(runs: dict[str, Any]) -> None:
+    """A hosted row's admission starts its compile before it takes the host's lock, then admits:
+    the request is still one look at the grammar cache, as on the plain path (``/metrics``)."""
+    assert runs["cache"] == len(requests()), runs["cache"]
 
 
 @pytest.mark.engine

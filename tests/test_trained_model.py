@@ -126,3 +126,15 @@ def test_the_same_recipe_gives_byte_identical_weights(tmp_path: Path) -> None:
     assert weights[0] == weights[1]
     assert weights[0] != weights[2]
     assert recipe.digest() != replace(recipe, steps=4).digest()
+
+
+def test_training_runs_apart_on_the_recipes_kernels(tmp_path: Path) -> None:
+    """Kernels reduce in another order on a machine with more instructions (AVX-512), so the
+    cached model is trained in a process of its own whose kernels are pinned to the recipe's."""
+    recipe = replace(
+        tm.DEFAULT_RECIPE, steps=2, hidden_size=32, num_layers=1, intermediate_size=32, batch_size=2
+    )
+    tm.train_apart(recipe, tmp_path)
+    marker = json.loads((tmp_path / tm.MARKER).read_text(encoding="utf-8"))
+    assert marker["kernels"] == recipe.kernels.upper() and marker["digest"] == recipe.digest()
+    assert recipe.digest() != replace(recipe, kernels="avx512").digest()

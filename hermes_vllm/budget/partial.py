@@ -77,7 +77,8 @@ def read_value(schema: Schema, ctx: Ctx, text: str, i: int, depth: int = 0) -> I
             yield Open(shortest_value(schema, ctx, depth))
         return
     if schema is True or schema == {}:
-        schema = {}
+        yield from _read_free(text, i)
+        return
     if not isinstance(schema, Mapping) or UNSUPPORTED & schema.keys() or "allOf" in schema or "not" in schema:
         return
     if "const" in schema or "enum" in schema:
@@ -104,6 +105,74 @@ def read_value(schema: Schema, ctx: Ctx, text: str, i: int, depth: int = 0) -> I
     else:
         words = [w for w, k in (("true", "boolean"), ("false", "boolean"), ("null", "null")) if k in kinds]
         yield from _read_literal(words, text, i)
+
+
+_FREE_ENDINGS = {"value": "0", "first_value": "", "first_key": "", "key": '"":0', "colon": ":0", "more": ""}
+"""What a free value's text needs where it ends, by what it expects next (the shortest JSON)."""
+
+
+def _read_free(text: str, i: int) -> Iterator[Read]:
+    """The one reading of a value of any JSON (a schema of ``{}``) from ``text[i]``, read without
+    recursion: the grammar lets a model nest a free value as deep as its tokens allow, past any
+    bound a recursive reader keeps (a weak model nested one past a hundred levels), and such a
+    call must still be closed in time. Its shortest completion finishes the innermost open
+    scalar, key or member, then closes each open container, innermost first."""
+    closers: list[str] = []
+    expect = "value"
+    while True:
+        i = skip_ws(text, i)
+        if i == len(text):
+            yield Open(_FREE_ENDINGS[expect] + "".join(reversed(closers)))
+            return
+        ch = text[i]
+        if expect in ("first_value", "first_key") and ch == closers[-1]:
+            expect = "more"
+        if expect == "more":
+            if ch == ",":
+                expect = "key" if closers[-1] == "}" else "value"
+                i += 1
+                continue
+            if ch != closers[-1]:
+                return
+            closers.pop()
+            i += 1
+            if not closers:
+                yield Done(i)
+                return
+            continue
+        if expect == "colon":
+            if ch != ":":
+                return
+            expect, i = "value", i + 1
+            continue
+        if expect in ("key", "first_key"):
+            if ch != '"':
+                return
+            read = next(_read_string(text, i + 1, 0), None)
+            if isinstance(read, Open):
+                yield Open(read.suffix + ":0" + "".join(reversed(closers)))
+            if not isinstance(read, Done):
+                return
+            expect, i = "colon", read.end
+            continue
+        if ch in "{[":
+            closers.append("}" if ch == "{" else "]")
+            expect, i = ("first_key" if ch == "{" else "first_value"), i + 1
+            continue
+        if ch == '"':
+            read = next(_read_string(text, i + 1, 0), None)
+        elif ch == "-" or ch.isdigit():
+            read = next(_read_number({}, text, i, False), None)
+        else:
+            read = next(_read_literal(("true", "false", "null"), text, i), None)
+        if isinstance(read, Open):
+            yield Open(read.suffix + "".join(reversed(closers)))
+        if not isinstance(read, Done):
+            return
+        if not closers:
+            yield read
+            return
+        expect, i = "more", read.end
 
 
 def _read_literal(spellings: Sequence[str], text: str, i: int) -> Iterator[Read]:

@@ -26,8 +26,9 @@ here, so this module trains one on the CPU from the pinned ``bfcl-eval`` wheel:
   instead (its system turn names ``[tool_call]``), so one model serves both dialects, each with
   its own template (:func:`dialect_of`).
 - **Model and training**: :mod:`hermes_vllm.demo.trained_model` ``Recipe`` (a Qwen 3
-  architecture, a fixed seed and step count, never a time limit, so the same recipe gives
-  byte-identical weights), cached in the artifact cache under the recipe's hash.
+  architecture, a fixed seed and step count, never a time limit, the x86 kernels pinned to one
+  instruction set, so the same recipe gives byte-identical weights), cached in the artifact cache
+  under the recipe's hash.
 
 Usage: ``python -m hermes_vllm.demo.trained_model [--steps N] [OUT]``
 """
@@ -40,9 +41,12 @@ import importlib
 import json
 import logging
 import math
+import os
 import random
 import re
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from functools import cache
@@ -369,8 +373,9 @@ def build_examples(tokenizer: Any, turns: list[Turn], max_prompt_tokens: int) ->
 
 @dataclass(frozen=True)
 class Recipe:
-    """Everything that decides the weights: the same recipe gives byte-identical files on one
-    machine (a fixed seed, a fixed step count, a fixed thread count: never a time limit)."""
+    """Everything that decides the weights: the same recipe gives byte-identical files (a fixed
+    seed, a fixed step count, a fixed thread count, the kernels' instruction set: never a time
+    limit)."""
 
     steps: int = 1000
     seed: int = 0
@@ -392,6 +397,10 @@ class Recipe:
     behind the code")."""
     silent_weight: float = -1e6
     """The head weight of never-seen tokens on the constant channel (:func:`silence_rows`)."""
+    kernels: str = "avx2"
+    """The x86 instruction set every kernel trains with (:func:`kernel_env`), so that machines
+    with more of it (AVX-512) give the same weights: unpinned they reduce in another order, and
+    one such machine trained a model that called with wrong arguments and never answered."""
     data_version: int = DATA_VERSION
     build_version: int = BUILD_VERSION
 
@@ -519,7 +528,14 @@ def train(recipe: Recipe, out: Path, items: list[Item] | None = None) -> None:
         str(out), safe_serialization=True
     )
     (out / MARKER).write_text(
-        json.dumps({"recipe": asdict(recipe), "digest": recipe.digest()}), encoding="utf-8"
+        json.dumps(
+            {
+                "recipe": asdict(recipe),
+                "digest": recipe.digest(),
+                "kernels": torch.backends.cpu.get_cpu_capability(),
+            }
+        ),
+        encoding="utf-8",
     )
 
 
@@ -555,7 +571,27 @@ MARKER = "hermes_vllm_trained.json"
 
 def trained_model_path(recipe: Recipe = DEFAULT_RECIPE) -> Path:
     """The model of ``recipe`` in the artifact cache, trained on first use (minutes)."""
-    return unpacked(f"trained-qwen3-{recipe.digest()}", lambda staging: train(recipe, staging))
+    return unpacked(f"trained-qwen3-{recipe.digest()}", lambda staging: train_apart(recipe, staging))
+
+
+def kernel_env(kernels: str) -> dict[str, str]:
+    """The environment that pins torch's vectorised kernels, MKL's (its conditional numerical
+    reproducibility) and oneDNN's to the instruction set ``kernels``. Each reads it when it
+    loads, so a process that imported torch already cannot be pinned."""
+    isa = kernels.upper()
+    return {"ATEN_CPU_CAPABILITY": kernels, "MKL_CBWR": isa, "ONEDNN_MAX_CPU_ISA": isa}
+
+
+def train_apart(recipe: Recipe, out: Path) -> None:
+    """:func:`train` in a process of its own, its kernels pinned (:attr:`Recipe.kernels`)."""
+    code = (
+        "import json, logging, sys; from pathlib import Path; "
+        "from hermes_vllm.demo.trained_model import Recipe, train; "
+        "logging.basicConfig(level=logging.INFO, format='%(message)s'); "
+        "train(Recipe(**json.loads(sys.argv[1])), Path(sys.argv[2]))"
+    )
+    env = {**os.environ, **kernel_env(recipe.kernels)}
+    subprocess.run([sys.executable, "-c", code, json.dumps(asdict(recipe)), str(out)], env=env, check=True)
 
 
 def main(argv: list[str] | None = None) -> None:

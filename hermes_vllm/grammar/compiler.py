@@ -437,12 +437,15 @@ class ToolGrammarCompiler:
         tool = {"name": "warm_up", "parameters": {"type": "object"}}
         self.engine.warm(self.prepare([tool], "required").spec)
 
-    def submit(self, prepared: PreparedTurn) -> Future[EngineGrammar]:
-        """Start (or join) the compile of ``prepared`` on the background pool."""
+    def submit(self, prepared: PreparedTurn, counted: bool = True) -> Future[EngineGrammar]:
+        """Start (or join) the compile of ``prepared`` on the background pool. ``counted``: this
+        is the request's look at the cache for the hit and miss counters (a request looked
+        at it once already passes False, so each admitted request counts once)."""
         key = (prepared.spec.key(), self.engine.name, self.vocab.fingerprint)
         misses = self.cache.misses
         future = self.cache.get(key, lambda: self._compile_now(prepared.spec))
-        (CACHE_MISSES if self.cache.misses != misses else CACHE_HITS).inc()
+        if counted:
+            (CACHE_MISSES if self.cache.misses != misses else CACHE_HITS).inc()
         return future
 
     def _compile_now(self, spec: TurnSpec) -> EngineGrammar:

@@ -194,15 +194,19 @@ class ConstraintCore:
             vocab.gate_allowed(dialect)
         compiler.warm()
 
-    def admit_params(self, params: Any, prompt: Sequence[int] | None = None) -> RowState | None:
+    def admit_params(
+        self, params: Any, prompt: Sequence[int] | None = None, *, readied: bool = False
+    ) -> RowState | None:
         """:meth:`admit` for a ``SamplingParams``: its stop tokens, ``max_tokens``, stop strings and
-        ``thinking_token_budget``; then :meth:`open_from_prompt` where the prompt is known."""
+        ``thinking_token_budget``; then :meth:`open_from_prompt` where the prompt is known.
+        ``readied``: :meth:`ready` ran for ``params`` (and counted its look at the grammar cache)."""
         state = self.admit(
             params.extra_args,
             params.all_stop_token_ids,
             max_tokens=params.max_tokens,
             thinking_budget=getattr(params, "thinking_token_budget", None),
             stop=params.stop or (),
+            readied=readied,
         )
         if state is not None and prompt:
             self.open_from_prompt(state, prompt)
@@ -267,13 +271,14 @@ class ConstraintCore:
         max_tokens: int | None = None,
         thinking_budget: int | None = None,
         stop: str | Sequence[str] = (),
+        readied: bool = False,
     ) -> RowState | None:
         """Start constraining a request entering the batch; ``None`` when it asks for nothing.
 
         ``thinking_budget`` is vLLM's ``thinking_token_budget``: it wins over the request's
         ``vllm_xargs`` budget and the server's ``HERMES_VLLM_REASONING_BUDGET``. It caps the turn's
         spans together; vLLM's own thinking budget counts each span alone, the same way, so it
-        never reaches its limit before ours.
+        never reaches its limit before ours. ``readied``: as in :meth:`admit_params`.
         """
         request = parse_constraint(extra_args)
         if request is None:
@@ -300,7 +305,8 @@ class ConstraintCore:
             quiet_until=UNWATCHED if budget is None else budget.watch_from,
         )  # fmt: skip
         state = RowState(
-            request, prepared, compiler.submit(prepared), stops, refused_stops, refused_in_calls, gate,
+            request, prepared, compiler.submit(prepared, counted=not readied), stops, refused_stops,
+            refused_in_calls, gate,
             budget=budget,
         )  # fmt: skip
         if gated and watch not in self._quiet_watches:

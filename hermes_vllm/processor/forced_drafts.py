@@ -14,6 +14,14 @@ where every allowed token's bytes share a prefix, that prefix is forced, and whe
 exactly that prefix the walk takes it and goes on. It ends at the first branch, a stop token, or
 the first position where everything is allowed.
 
+*Past a gap.* Whitespace the grammar allows between a call's tokens (``max_call_whitespace``)
+makes every gap a branch, and forced runs would end at each. Where a branch allows only whitespace
+and then one forced run, the walk takes the whitespace the dialect's template writes in that gap
+(:func:`template_gaps`, read off every dialect's formatted call: a newline after the call's tag, a
+space after ``:`` and ``,``, nothing elsewhere) and goes on. That part is a guess, not forced: the
+target verifies it as it does any draft (greedy output stays the output without drafts), and a
+model that spaces its calls otherwise refuses it.
+
 *Spelled as the model spells it.* A byte-forced run has several tokenizations, and the target
 keeps a draft only where it is the token the model itself would write there. So the run is
 spelled by the served tokenizer, in context (the row's last tokens before it, since SentencePiece
@@ -37,6 +45,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from hermes_vllm.dialect import available_dialects, get_dialect
+from hermes_vllm.formats.blocks import call_block
 from hermes_vllm.grammar.engines.base import token_allowed
 from hermes_vllm.grammar.engines.head import SortedVocabulary
 from hermes_vllm.latin1 import whole_characters
@@ -58,6 +68,40 @@ SPELLED_BYTES = 1 << 18
 """Text of the spellings kept (rows calling the same tools spell the same runs), then emptied."""
 MAX_CONTINUATIONS = 12
 """Distinct continuations (by first byte) a held-back check tries from the branch's mask."""
+
+
+GAP_BYTES = b" \t\n\r"
+"""The whitespace a call's gaps may hold (JSON's)."""
+
+
+STRUCTURAL = frozenset(b'{}[]<>,:"/')
+"""Bytes that name the gap before them; any other byte begins a value (a number, ``true``...)."""
+
+
+def gap_key(before: int, after: int) -> tuple[int, int]:
+    """A gap's key in :func:`template_gaps`: the byte before it, and the first byte after it or
+    ``-1`` where that begins a bare value."""
+    return before, after if after in STRUCTURAL else -1
+
+
+@functools.cache
+def template_gaps() -> dict[tuple[int, int], bytes]:
+    """The whitespace every dialect's template writes in a call's gaps (by :func:`gap_key`), read
+    off each dialect's formatted call of arguments holding every kind of JSON value after a key
+    and in an array (no whitespace inside a string). A gap not found there is written empty."""
+    sample = {"s": "x", "n": -1, "a": [1, 2, "y", [3], {"k": False}], "o": {"t": True, "z": None}}
+    gaps: dict[tuple[int, int], bytes] = {}
+    for name in available_dialects():
+        text = call_block("f", sample, get_dialect(name)).encode()
+        i = 1
+        while i < len(text):
+            j = i
+            while j < len(text) and text[j] in GAP_BYTES:
+                j += 1
+            if j > i and j < len(text):
+                gaps[gap_key(text[i - 1], text[j])] = text[i:j]
+            i = max(j, i + 1)
+    return gaps
 
 
 class Walk(Protocol):
@@ -144,7 +188,8 @@ class ForcedDrafts:
         The walk is left advanced: the caller puts the row back."""
         if limit <= 0:
             return []
-        run = self.find(walk, limit)
+        before = self._decoded[history[-1]][-1:] if history else b""
+        run = self.find(walk, limit, before[0] if before else -1)
         if run.singles:
             tokens = list(run.path)
         elif run.forced:
@@ -159,8 +204,9 @@ class ForcedDrafts:
         walk.restart()
         return self._checked(walk, tokens)
 
-    def find(self, walk: Walk, limit: int) -> Run:
-        """Walk the forced bytes from the walk's position (see the module's docstring)."""
+    def find(self, walk: Walk, limit: int, before: int = -1) -> Run:
+        """Walk the forced bytes from the walk's position (see the module's docstring); ``before``
+        is the last byte of the row's text (``-1``: none)."""
         forced = b""
         path: list[int] = []
         singles = True
@@ -179,8 +225,13 @@ class ForcedDrafts:
             pieces = [self._decoded[t] for t in allowed]
             prefix = _common_prefix(pieces)
             if not prefix:
-                after = tuple(dict.fromkeys(pieces))
-                break
+                gap = _template_gap(allowed, pieces, forced[-1] if forced else before)
+                if gap is None:
+                    after = tuple(dict.fromkeys(pieces))
+                    break
+                allowed, pieces = gap
+                prefix = _common_prefix(pieces)
+                singles = False
             exact = next((t for t, p in zip(allowed, pieces, strict=True) if len(p) == len(prefix)), None)
             forced += prefix
             singles = singles and len(allowed) == 1
@@ -268,6 +319,24 @@ class ForcedDrafts:
             if (words is not None and not token_allowed(words, token)) or not walk.accept(token):
                 return tokens[:i]
         return tokens
+
+
+def _template_gap(
+    allowed: Sequence[int], pieces: Sequence[bytes], before: int
+) -> tuple[list[int], list[bytes]] | None:
+    """Where a branch allows only whitespace and then one forced run: the tokens (and their
+    bytes) that agree with the whitespace the template writes there followed by that run; else
+    ``None``. Whitespace already written before the branch is not added to."""
+    ahead = [p.lstrip(GAP_BYTES) for p in pieces]
+    run = _common_prefix([a for a in ahead if a]) if any(ahead) else b""
+    if not run or not any(p and p[0] in GAP_BYTES for p in pieces):
+        return None
+    gap = b"" if before < 0 or before in GAP_BYTES else template_gaps().get(gap_key(before, run[0]), b"")
+    text = gap + run
+    kept = [(t, p) for t, p in zip(allowed, pieces, strict=True) if p[: len(text)] == text[: len(p)]]
+    if not kept:
+        return None
+    return [t for t, _ in kept], [p for _, p in kept]
 
 
 def _shared(a: Sequence[int], b: Sequence[int]) -> int:

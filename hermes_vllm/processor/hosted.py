@@ -117,7 +117,7 @@ class RowHost:
         (the request waits in ``WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR``, the scheduler never does)."""
         self.core.ready(params)  # the cold part (a new tool set's preparing, its compile), unlocked
         with self.lock:
-            state = self.core.admit_params(params)
+            state = self.core.admit_params(params, readied=True)
         if state is None:
             raise ValueError("the request carries no hermes-vllm constraint")
         try:
