@@ -333,7 +333,7 @@ def _template_gap(
         return None
     gap = b"" if before < 0 or before in GAP_BYTES else template_gaps().get(gap_key(before, run[0]), b"")
     text = gap + run
-    kept = [(t, p) for t, p in zip(allowed, pieces, strict=True) if p[: len(text)] == text[: len(p)]]
+    kept = [(t, p) for t, p in zip(allowed, pieces, strict=True) if p and p[: len(text)] == text[: len(p)]]
     if not kept:
         return None
     return [t for t, _ in kept], [p for _, p in kept]
