@@ -347,12 +347,20 @@ def _store() -> _Files | None:
     return _files if _files is not None or _looked else _open()
 
 
+_OPENING = threading.Lock()
+"""Held while a process opens its files: the engine's thread and the compile pool's count too,
+and an event that came while another thread was still opening them was lost (not yet opened, but
+already looked for)."""
+
+
 def _open() -> _Files | None:
     global _files, _looked
-    _looked = True
-    where = directory()
-    if where is not None and os.path.isdir(where):
-        _files = _Files(where)
+    with _OPENING:
+        if not _looked:
+            where = directory()
+            if where is not None and os.path.isdir(where):
+                _files = _Files(where)
+            _looked = True  # after _files: a reader seeing it set sees the files too
     return _files
 
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -49,6 +52,38 @@ def test_the_files_of_several_processes_add_up(tmp_path: Path) -> None:
     assert seen[("hermes_vllm:step_seconds_count", ())] == 2
     assert seen[("hermes_vllm:constrained_rows", ())] == 5
     assert {n for n, _ in seen} == {n for s in metrics.SERIES for n in s.exposed}
+
+
+def _first_events_at_once(directory: str) -> None:
+    os.environ[metrics.ENV] = directory
+    metrics.install()
+    opening = metrics._Files.__init__
+
+    def slow(self: Any, where: str) -> None:
+        time.sleep(0.3)  # opening the files takes a while: a second thread counts meanwhile
+        opening(self, where)
+
+    metrics._Files.__init__ = slow  # type: ignore[method-assign, assignment]
+    first = threading.Thread(target=metrics.CACHE_MISSES.inc)
+    first.start()
+    time.sleep(0.05)
+    second = threading.Thread(target=metrics.CACHE_HITS.inc)
+    second.start()
+    first.join()
+    second.join()
+
+
+def test_an_event_while_another_thread_opens_the_files_is_counted(tmp_path: Path) -> None:
+    """The engine's thread and the compile pool's both count: the first event of a process opens
+    its files, and one that came from another thread meanwhile was lost (a server's grammar cache
+    hits and misses once summed to one less than the requests admitted)."""
+    child = multiprocessing.get_context("fork").Process(target=_first_events_at_once, args=(str(tmp_path),))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    seen = metrics.samples(metrics.collect(str(tmp_path)))
+    assert seen[("hermes_vllm:grammar_cache_misses_total", ())] == 1
+    assert seen[("hermes_vllm:grammar_cache_hits_total", ())] == 1
 
 
 def _paused(directory: str) -> None:
